@@ -1,0 +1,32 @@
+# The two commands of the README: `make demo` and `make test`.
+.PHONY: demo test lint typecheck check stress chaos bench bootstrap schema
+
+VENV := .venv/bin
+
+bootstrap:
+	@bash scripts/bootstrap.sh
+
+demo: bootstrap
+	$(VENV)/commitfleet demo
+
+lint: bootstrap
+	$(VENV)/ruff check .
+	$(VENV)/ruff format --check .
+
+typecheck: bootstrap
+	$(VENV)/mypy
+
+test: bootstrap lint typecheck
+	$(VENV)/pytest -q
+
+stress: bootstrap
+	$(VENV)/pytest -q -m stress
+
+chaos: bootstrap
+	$(VENV)/pytest -q -m chaos
+
+bench: bootstrap
+	$(VENV)/commitfleet bench
+
+schema: bootstrap
+	$(VENV)/python -m shared.events --write

@@ -1,0 +1,36 @@
+"""commitfleet's shared contract and libraries: errors, settings, storage, locks,
+events, commit core, queue and the Spark producer side."""
+
+from ._errors import (
+    BadInput,
+    CommitfleetError,
+    ConfigError,
+    Fenced,
+    LockLost,
+    LockTimeout,
+    NotFound,
+    OutcomeUnknown,
+    PreconditionFailed,
+    Throttled,
+    TransientError,
+)
+from ._retry import RetryPolicy, retry
+from ._settings import Settings, load_settings
+
+__all__ = [
+    "BadInput",
+    "CommitfleetError",
+    "ConfigError",
+    "Fenced",
+    "LockLost",
+    "LockTimeout",
+    "NotFound",
+    "OutcomeUnknown",
+    "PreconditionFailed",
+    "RetryPolicy",
+    "Settings",
+    "Throttled",
+    "TransientError",
+    "load_settings",
+    "retry",
+]

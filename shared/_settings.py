@@ -1,0 +1,278 @@
+"""Configuration: enters once, from a TOML file and environment variables, into a
+frozen :class:`Settings` object that is then passed down explicitly.
+
+Precedence (lowest to highest): built-in defaults, the TOML file
+(``--config`` or ``COMMITFLEET_CONFIG``), environment variables
+``COMMITFLEET_<SECTION>_<KEY>`` (for example ``COMMITFLEET_LOCK_VALIDITY=20``),
+and the conventional shortcuts ``REDIS_URL`` and ``COMMITFLEET_STORE`` (the
+store root URL).
+
+A bad setting raises :class:`~shared._errors.ConfigError` whose message is one
+line naming the setting and what is wrong with it.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+
+from ._errors import ConfigError
+
+ENV_PREFIX = "COMMITFLEET_"
+
+
+class _Section(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    pass
+
+
+class FleetSettings(_Section, frozen=True):
+    """Fleet identity and shard count (fixed when the fleet is created)."""
+
+    name: str = "default"
+    shards: int = 64
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.shards <= 16384:
+            raise ValueError("fleet.shards must be between 1 and 16384")
+        if not self.name or not self.name.replace("-", "").replace("_", "").isalnum():
+            raise ValueError("fleet.name must be letters, digits, '-' or '_'")
+
+
+class RedisSettings(_Section, frozen=True):
+    """Redis connection (redis://, rediss:// with TLS, ACL user and password in the URL)."""
+
+    url: str = "redis://127.0.0.1:6379/0"
+    socket_timeout: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not self.url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("redis.url must start with redis://, rediss:// or unix://")
+
+
+class StoreSettings(_Section, frozen=True):
+    """Object store root and explicit emulator/endpoint settings.
+
+    Credentials otherwise come from each SDK's standard places (AWS env vars and
+    profiles, GOOGLE_APPLICATION_CREDENTIALS, Azure connection string).
+    """
+
+    url: str = ""
+    s3_endpoint_url: str = ""
+    s3_region: str = "us-east-1"
+    s3_max_pool_connections: int = 64
+    gcs_endpoint: str = ""
+    azure_connection_string: str = ""
+    azure_account_url: str = ""
+    request_timeout: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.url and not self.url.startswith(("file://", "s3://", "gs://", "az://")):
+            raise ValueError("store.url must start with file://, s3://, gs:// or az://")
+        if self.request_timeout <= 0:
+            raise ValueError("store.request_timeout must be > 0")
+
+
+class LockSettings(_Section, frozen=True):
+    """The storage lock's timing, in seconds.
+
+    ``validity`` is how long a lease lasts without renewal; ``renew_interval``
+    must be well inside it (at most a third) so two renewals can fail before the
+    lease runs out; ``max_drift`` is the clock drift allowed between hosts.
+    """
+
+    validity: float = 30.0
+    renew_interval: float = 10.0
+    max_drift: float = 0.5
+    acquire_timeout: float = 60.0
+    poll_min: float = 0.05
+    poll_max: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.validity <= 0 or self.renew_interval <= 0 or self.max_drift < 0:
+            raise ValueError("lock.validity and lock.renew_interval must be > 0, lock.max_drift >= 0")
+        if self.renew_interval * 3 > self.validity:
+            raise ValueError("lock.renew_interval must be at most a third of lock.validity")
+        if self.poll_min <= 0 or self.poll_max < self.poll_min:
+            raise ValueError("lock.poll_min must be > 0 and <= lock.poll_max")
+
+
+class RetrySettings(_Section, frozen=True):
+    """Capped, jittered exponential backoff with a total time budget."""
+
+    attempts: int = 8
+    initial: float = 0.05
+    maximum: float = 2.0
+    budget: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1 or self.initial < 0 or self.maximum < self.initial or self.budget <= 0:
+            raise ValueError("retry: attempts >= 1, 0 <= initial <= maximum, budget > 0")
+
+
+class CommitSettings(_Section, frozen=True):
+    """Commit execution: publish parallelism and the retry budget before quarantine."""
+
+    publish_concurrency: int = 16
+    retry: RetrySettings = msgspec.field(default_factory=RetrySettings)
+
+    def __post_init__(self) -> None:
+        if self.publish_concurrency < 1:
+            raise ValueError("commit.publish_concurrency must be >= 1")
+
+
+class WorkerSettings(_Section, frozen=True):
+    """A worker process: identity, lease, intake batching, concurrency, drain."""
+
+    id: str = ""
+    lease: float = 15.0
+    heartbeat: float = 3.0
+    read_batch: int = 500
+    read_block_ms: int = 500
+    max_inflight_datasets: int = 32
+    drain_grace: float = 30.0
+    job_timeout: float = 3600.0
+
+    def __post_init__(self) -> None:
+        if self.heartbeat * 3 > self.lease:
+            raise ValueError("worker.heartbeat must be at most a third of worker.lease")
+        if self.read_batch < 1 or self.max_inflight_datasets < 1:
+            raise ValueError("worker.read_batch and worker.max_inflight_datasets must be >= 1")
+
+
+class CoordinatorSettings(_Section, frozen=True):
+    """The coordinator: rebalance cadence and the admin HTTP API."""
+
+    http_host: str = "127.0.0.1"
+    http_port: int = 8787
+    tick: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.http_port <= 65535:
+            raise ValueError("coordinator.http_port must be 0..65535")
+
+
+class SecuritySettings(_Section, frozen=True):
+    """Message signing and size limits."""
+
+    hmac_secret: str = ""
+    max_message_bytes: int = 1_048_576
+    # Dataset names are one path segment: they start with a letter or digit, so
+    # they can never collide with the store's own `_staging`, `_wal`, ... areas.
+    dataset_pattern: str = r"^[A-Za-z0-9][A-Za-z0-9_.=-]{0,127}$"
+
+
+class AdminSettings(_Section, frozen=True):
+    """The capped admin event stream."""
+
+    stream_maxlen: int = 100_000
+
+
+class LogSettings(_Section, frozen=True):
+    """Logging: level and format (``auto`` = JSON unless stderr is a terminal)."""
+
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    format: Literal["auto", "json", "text"] = "auto"
+
+
+class Settings(_Section, frozen=True):
+    """Every setting of a commitfleet process, frozen."""
+
+    fleet: FleetSettings = msgspec.field(default_factory=FleetSettings)
+    redis: RedisSettings = msgspec.field(default_factory=RedisSettings)
+    store: StoreSettings = msgspec.field(default_factory=StoreSettings)
+    lock: LockSettings = msgspec.field(default_factory=LockSettings)
+    commit: CommitSettings = msgspec.field(default_factory=CommitSettings)
+    worker: WorkerSettings = msgspec.field(default_factory=WorkerSettings)
+    coordinator: CoordinatorSettings = msgspec.field(default_factory=CoordinatorSettings)
+    security: SecuritySettings = msgspec.field(default_factory=SecuritySettings)
+    admin: AdminSettings = msgspec.field(default_factory=AdminSettings)
+    log: LogSettings = msgspec.field(default_factory=LogSettings)
+
+
+_SHORTCUTS = {"REDIS_URL": ("redis", "url"), "COMMITFLEET_STORE": ("store", "url")}
+
+
+def _env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    sections = {name: Settings.__struct_fields__ for name in Settings.__struct_fields__}
+    for var, (section, key) in _SHORTCUTS.items():
+        if env.get(var):
+            out.setdefault(section, {})[key] = env[var]
+    for var, value in env.items():
+        if not var.startswith(ENV_PREFIX) or var in _SHORTCUTS or var == ENV_PREFIX + "CONFIG":
+            continue
+        rest = var[len(ENV_PREFIX) :].lower()
+        section, _, key = rest.partition("_")
+        if section not in sections or not key:
+            raise ConfigError(f"unknown setting in environment: {var}")
+        if section == "commit" and key.startswith("retry_"):
+            out.setdefault("commit", {}).setdefault("retry", {})[key[len("retry_") :]] = value
+        else:
+            out.setdefault(section, {})[key] = value
+    return out
+
+
+def _merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in top.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def load_settings(
+    config_file: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Settings:
+    """Build the frozen settings from defaults, a TOML file, env vars and overrides.
+
+    ``overrides`` (nested dicts, e.g. from CLI flags) win over everything.
+
+    Returns:
+        The validated :class:`Settings`.
+
+    Raises:
+        ConfigError: one line saying which setting is wrong and why.
+    """
+    env = os.environ if env is None else env
+    raw: dict[str, Any] = {}
+    path = config_file or env.get(ENV_PREFIX + "CONFIG")
+    if path:
+        try:
+            raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {path}") from None
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    raw = _merge(raw, _env_overrides(env))
+    if overrides:
+        raw = _merge(raw, overrides)
+    try:
+        return msgspec.convert(raw, Settings, strict=False)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"bad setting: {exc}") from None
+
+
+__all__ = [
+    "AdminSettings",
+    "CommitSettings",
+    "CoordinatorSettings",
+    "FleetSettings",
+    "LockSettings",
+    "LogSettings",
+    "RedisSettings",
+    "RetrySettings",
+    "SecuritySettings",
+    "Settings",
+    "StoreSettings",
+    "WorkerSettings",
+    "load_settings",
+]
