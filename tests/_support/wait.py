@@ -31,7 +31,9 @@ async def wait_for(
         await asyncio.sleep(interval)
 
 
-def wait_for_sync(probe: Callable[[], T], *, timeout: float = 30.0, interval: float = 0.05, what: str = "condition") -> T:
+def wait_for_sync(
+    probe: Callable[[], T], *, timeout: float = 30.0, interval: float = 0.05, what: str = "condition"
+) -> T:
     """Blocking twin of :func:`wait_for` for fixtures that are not async."""
     deadline = time.monotonic() + timeout
     while True:
