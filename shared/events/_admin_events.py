@@ -1,0 +1,159 @@
+"""Admin events: what the fleet tells operators on the capped admin stream.
+
+Frozen msgspec Structs, tagged by ``type``, versioned by ``v`` (currently 1).
+Every event has ``at`` (seconds since the epoch) and ``worker`` (the id of the
+process that emits it: a worker, or the coordinator for assignments); events
+about a commit also carry ``dataset`` and ``job``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Final, Literal
+
+import msgspec
+
+from ._queue_events import SCHEMA_VERSION, Version
+
+ADMIN_SCHEMA_VERSION: Final = SCHEMA_VERSION
+
+Seconds = Annotated[float, msgspec.Meta(ge=0)]
+Count = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class _AdminEvent(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True, tag_field="type"):
+    v: Version = ADMIN_SCHEMA_VERSION
+    at: float
+    worker: str = ""
+
+
+class _DatasetEvent(_AdminEvent, frozen=True, kw_only=True):
+    dataset: str
+    job: str = ""
+
+
+class WorkerJoined(_AdminEvent, frozen=True, kw_only=True, tag="worker_joined"):
+    """A worker registered with the fleet."""
+
+    host: str = ""
+    pid: int = 0
+
+
+class WorkerLeft(_AdminEvent, frozen=True, kw_only=True, tag="worker_left"):
+    """A worker left: ``reason`` is e.g. ``"shutdown"`` or ``"lease_expired"``."""
+
+    reason: str = ""
+
+
+class ShardsAssigned(_AdminEvent, frozen=True, kw_only=True, tag="shards_assigned"):
+    """The coordinator published an assignment: owner id -> its shards, and how many shards moved."""
+
+    epoch: Count
+    assignment: dict[str, list[int]]
+    moved: Count = 0
+
+
+class CommitStarted(_DatasetEvent, frozen=True, kw_only=True, tag="commit_started"):
+    """A worker wrote a commit sequence to the WAL and starts executing it."""
+
+    files: Count = 0
+    bytes: Count = 0
+    epoch: Count = 0
+
+
+class Committed(_DatasetEvent, frozen=True, kw_only=True, tag="committed"):
+    """A dataset's commit of a job is complete (manifest written, WAL removed)."""
+
+    files: Count
+    bytes: Count
+    duration_s: Seconds
+    epoch: Count = 0
+
+
+class Aborted(_DatasetEvent, frozen=True, kw_only=True, tag="aborted"):
+    """A job's staged output for the dataset was cleaned up instead of committed."""
+
+    reason: str
+    files_deleted: Count = 0
+
+
+class Quarantined(_DatasetEvent, frozen=True, kw_only=True, tag="quarantined"):
+    """A commit sequence kept failing; the dataset waits for an operator (retry or skip)."""
+
+    reason: str
+    attempts: Count = 0
+
+
+class LockTakenOver(_DatasetEvent, frozen=True, kw_only=True, tag="lock_taken_over"):
+    """A worker took over an expired lock of another holder."""
+
+    previous_owner: str
+    epoch: Count
+
+
+class RecoveryDone(_DatasetEvent, frozen=True, kw_only=True, tag="recovery_done"):
+    """An unfinished commit sequence was finished by recovery."""
+
+    steps_redone: Count
+    duration_s: Seconds
+
+
+class MessageRejected(_AdminEvent, frozen=True, kw_only=True, tag="message_rejected"):
+    """A queue message went to the dead-letter stream; ``reason`` is a reject reason code."""
+
+    shard: Count
+    reason: str
+    detail: str = ""
+    stream_id: str = ""
+    dataset: str = ""
+    job: str = ""
+
+
+class JobTimedOut(_AdminEvent, frozen=True, kw_only=True, tag="job_timed_out"):
+    """A job neither finished nor aborted within its timeout and was aborted by the fleet."""
+
+    job: str
+    datasets: list[str] = []
+    timeout_s: Seconds = 0.0
+
+
+class OperatorAction(_DatasetEvent, frozen=True, kw_only=True, tag="operator_action"):
+    """An operator asked to ``retry`` or ``skip`` a quarantined dataset."""
+
+    action: Literal["retry", "skip"]
+    operator: str = ""
+
+
+AdminEvent = (
+    WorkerJoined
+    | WorkerLeft
+    | ShardsAssigned
+    | CommitStarted
+    | Committed
+    | Aborted
+    | Quarantined
+    | LockTakenOver
+    | RecoveryDone
+    | MessageRejected
+    | JobTimedOut
+    | OperatorAction
+)
+"""Every admin event, as a tagged union (decode target)."""
+
+ADMIN_EVENT_TYPES: Final[dict[str, type[AdminEvent]]] = {
+    str(cls.__struct_config__.tag): cls
+    for cls in (
+        WorkerJoined,
+        WorkerLeft,
+        ShardsAssigned,
+        CommitStarted,
+        Committed,
+        Aborted,
+        Quarantined,
+        LockTakenOver,
+        RecoveryDone,
+        MessageRejected,
+        JobTimedOut,
+        OperatorAction,
+    )
+}
+"""Wire ``type`` tag -> admin event class."""

@@ -1,0 +1,147 @@
+"""Encoding and decoding of queue and admin events (JSON, msgspec).
+
+A queue message travels as one Redis stream entry with the field ``data``
+(the event's JSON) and, when signing is on, ``sig`` (hex HMAC-SHA256 of the
+``data`` bytes, see :mod:`._signing`). Decoding is one msgspec pass into the
+typed union; only a message that fails it is parsed a second time, to name
+the precise reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+import msgspec
+
+from ._admin_events import ADMIN_EVENT_TYPES, AdminEvent
+from ._invalid import InvalidMessage
+from ._queue_events import QUEUE_EVENT_TYPES, SCHEMA_VERSION, QueueEvent
+from ._signing import sign, verify
+from ._validation import ValidationLimits, validate_event
+
+DATA_FIELD: Final = "data"
+"""Stream entry field holding the event's JSON bytes."""
+SIG_FIELD: Final = "sig"
+"""Stream entry field holding the hex HMAC-SHA256 of the ``data`` bytes (when signing is on)."""
+
+_ENCODER: Final = msgspec.json.Encoder()
+_QUEUE_DECODER: Final[msgspec.json.Decoder[QueueEvent]] = msgspec.json.Decoder(QueueEvent)
+_ADMIN_DECODER: Final[msgspec.json.Decoder[AdminEvent]] = msgspec.json.Decoder(AdminEvent)
+_ANY_DECODER: Final = msgspec.json.Decoder()
+
+
+def encode_event(ev: QueueEvent) -> bytes:
+    """Return the JSON bytes of a queue event (compact, fields in declaration order).
+
+    Encoding does not validate; call :func:`validate_event` first when the
+    event comes from untrusted values.
+    """
+    return _ENCODER.encode(ev)
+
+
+def entry_fields(ev: QueueEvent, *, secret: bytes | None = None) -> dict[str, bytes]:
+    """Return the stream entry fields of ``ev``: ``{"data": json}``, plus ``"sig"`` with a ``secret``."""
+    data = _ENCODER.encode(ev)
+    if secret is None:
+        return {DATA_FIELD: data}
+    return {DATA_FIELD: data, SIG_FIELD: sign(data, secret)}
+
+
+def _classify(
+    data: bytes | memoryview, types: Mapping[str, type], exc: msgspec.ValidationError
+) -> InvalidMessage:
+    # Slow path, only for rejected messages: re-parse untyped to tell an
+    # unknown type or version apart from an ordinary shape error.
+    raw: Any = _ANY_DECODER.decode(data)
+    if not isinstance(raw, dict):
+        return InvalidMessage("schema", f"expected a JSON object, got {type(raw).__name__}")
+    tag = raw.get("type")
+    if isinstance(tag, str) and tag not in types:
+        return InvalidMessage("unknown_type", f"unknown event type {tag!r} - at `$.type`")
+    v = raw.get("v", SCHEMA_VERSION)
+    if isinstance(v, int) and not isinstance(v, bool) and v != SCHEMA_VERSION:
+        return InvalidMessage(
+            "unsupported_version", f"version {v} is not supported (this consumer reads v{SCHEMA_VERSION})"
+        )
+    return InvalidMessage("schema", str(exc))
+
+
+def decode_event(
+    data: bytes | memoryview, *, sig: bytes | str | None, limits: ValidationLimits
+) -> QueueEvent:
+    """Return the queue event in ``data`` after checking size, signature, shape and contract rules.
+
+    Order of checks: size (before anything is parsed), signature (when
+    ``limits.secret`` is set), JSON and shape, then :func:`validate_event`.
+
+    Raises:
+        InvalidMessage: with ``reason`` ``oversized``, ``unsigned``,
+            ``bad_signature``, ``bad_json``, ``unknown_type``,
+            ``unsupported_version``, ``schema``, ``bad_job``, ``bad_dataset``,
+            ``unsafe_path`` or ``inconsistent``.
+    """
+    size = len(data) if isinstance(data, bytes) else memoryview(data).nbytes
+    if size > limits.max_message_bytes:
+        raise InvalidMessage("oversized", f"message is {size} bytes, the limit is {limits.max_message_bytes}")
+    if limits.secret is not None:
+        verify(bytes(data), sig, limits.secret)
+    try:
+        ev = _QUEUE_DECODER.decode(data)
+    except msgspec.ValidationError as exc:
+        raise _classify(data, QUEUE_EVENT_TYPES, exc) from None
+    except msgspec.DecodeError as exc:
+        raise InvalidMessage("bad_json", str(exc)) from None
+    return validate_event(ev, limits)
+
+
+def _field(fields: Mapping[Any, Any], name: str) -> Any:
+    value = fields.get(name)
+    if value is None:
+        value = fields.get(name.encode())
+    return value
+
+
+def decode_entry(
+    fields: Mapping[bytes, bytes] | Mapping[str, bytes], *, limits: ValidationLimits
+) -> QueueEvent:
+    """Return the queue event of one stream entry (its ``data`` and ``sig`` fields; others are ignored).
+
+    Field names and values may be ``bytes`` (redis-py default) or ``str``.
+
+    Raises:
+        InvalidMessage: ``schema`` when the entry has no ``data`` field, else
+            as :func:`decode_event`.
+    """
+    data = _field(fields, DATA_FIELD)
+    if data is None:
+        raise InvalidMessage("schema", f"stream entry has no {DATA_FIELD!r} field")
+    if isinstance(data, str):
+        data = data.encode()
+    return decode_event(data, sig=_field(fields, SIG_FIELD), limits=limits)
+
+
+def encode_admin(ev: AdminEvent) -> bytes:
+    """Return the JSON bytes of an admin event."""
+    return _ENCODER.encode(ev)
+
+
+def decode_admin(data: bytes | memoryview) -> AdminEvent:
+    """Return the admin event in ``data``.
+
+    Raises:
+        InvalidMessage: ``bad_json``, ``unknown_type`` (e.g. an event of a
+            newer fleet: readers usually skip it), ``unsupported_version`` or
+            ``schema``.
+    """
+    try:
+        ev = _ADMIN_DECODER.decode(data)
+    except msgspec.ValidationError as exc:
+        raise _classify(data, ADMIN_EVENT_TYPES, exc) from None
+    except msgspec.DecodeError as exc:
+        raise InvalidMessage("bad_json", str(exc)) from None
+    if ev.v != SCHEMA_VERSION:
+        raise InvalidMessage(
+            "unsupported_version", f"version {ev.v} is not supported (this reader reads v{SCHEMA_VERSION})"
+        )
+    return ev

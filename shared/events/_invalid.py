@@ -1,0 +1,43 @@
+"""The one error a rejected message raises, with a closed set of reason codes."""
+
+from __future__ import annotations
+
+from typing import Final, Literal, get_args
+
+from .._errors import BadInput
+
+RejectReason = Literal[
+    "oversized",
+    "unsigned",
+    "bad_signature",
+    "bad_json",
+    "unknown_type",
+    "unsupported_version",
+    "schema",
+    "bad_job",
+    "bad_dataset",
+    "unsafe_path",
+    "inconsistent",
+]
+"""Why a message was rejected. Dead-letter entries and admin events carry this code."""
+
+REJECT_REASONS: Final[frozenset[str]] = frozenset(get_args(RejectReason))
+
+
+class InvalidMessage(BadInput):
+    """A queue or admin message that can never be processed.
+
+    ``reason`` is one of :data:`RejectReason` (stable, for metrics and
+    dead-letter entries); ``detail`` is a one-line human explanation that
+    names the offending field (``$.files[0].path``) where there is one.
+    """
+
+    def __init__(self, reason: RejectReason, detail: str) -> None:
+        if reason not in REJECT_REASONS:  # a programming error, not bad input
+            raise ValueError(f"unknown reject reason {reason!r}")
+        super().__init__(f"{reason}: {detail}")
+        self.reason: RejectReason = reason
+        self.detail = detail
+
+    def __reduce__(self) -> tuple[type[InvalidMessage], tuple[RejectReason, str]]:
+        return (InvalidMessage, (self.reason, self.detail))

@@ -1,0 +1,177 @@
+"""Queue events: the versioned messages Spark drivers and executors publish.
+
+Every event is a frozen msgspec Struct, tagged on the wire by ``type`` and
+versioned by ``v`` (currently 1). Unknown fields are refused. Constraints
+that are pure shape (non-negative sizes, lowercase hex MD5) live in the types
+and so also in the JSON Schema; rules that need context (the fleet's dataset
+pattern, safe paths, cross-field consistency) live in :mod:`._validation`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Final
+
+import msgspec
+
+from .._errors import BadInput
+
+SCHEMA_VERSION: Final = 1
+"""The only queue-event version this code reads and writes."""
+
+JOB_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
+"""Job ids: one path segment, never starting with '.', '_' or '-'."""
+
+DEFAULT_DATASET_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.=-]{0,127}$"
+"""The default of ``security.dataset_pattern``; a fleet may configure a stricter one."""
+
+Version = Annotated[int, msgspec.Meta(description="Schema version of this event; this contract is v1.")]
+JobId = Annotated[
+    str,
+    msgspec.Meta(
+        description="Job id, unique per job run.",
+        extra_json_schema={"pattern": JOB_PATTERN},
+    ),
+]
+DatasetName = Annotated[
+    str,
+    msgspec.Meta(
+        description="Dataset name: one path segment matching the fleet's dataset pattern "
+        "(this default shown).",
+        extra_json_schema={"pattern": DEFAULT_DATASET_PATTERN},
+    ),
+]
+Timestamp = Annotated[float, msgspec.Meta(ge=0, description="Seconds since the Unix epoch (UTC).")]
+Index = Annotated[int, msgspec.Meta(ge=0)]
+Size = Annotated[int, msgspec.Meta(ge=0, description="Size in bytes.")]
+Md5 = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{32}$", description="Lowercase hex MD5 of the content.")]
+RelPath = Annotated[
+    str,
+    msgspec.Meta(
+        description="Path relative to the task attempt's staging folder, '/'-separated, no empty, "
+        "'.' or '..' segments, no backslash or control characters; the first segment is not a "
+        "folder starting with '_'.",
+        extra_json_schema={"minLength": 1},
+    ),
+]
+WatermarkName = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+
+
+class StagedFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """One file a task attempt staged.
+
+    ``path`` is relative to its attempt's staging folder
+    ``_staging/<job>/<dataset>/<task>-<attempt>/``.
+    """
+
+    path: RelPath
+    size: Size
+    md5: Md5 | None = None
+
+
+class DatasetExpectation(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """What a finished job promises for one dataset.
+
+    ``tasks`` is how many task indexes (0..tasks-1) must each have a finished
+    attempt. ``winners[i]``, when the producer knows it, is the attempt number
+    Spark accepted for task ``i`` (``len(winners) == tasks``); without it the
+    first reported attempt of each task wins.
+    """
+
+    tasks: Index
+    winners: list[Index] | None = None
+
+
+class _QueueEvent(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True, tag_field="type"):
+    v: Version = SCHEMA_VERSION
+    job: JobId
+
+
+class JobStarted(_QueueEvent, frozen=True, kw_only=True, tag="job_started"):
+    """Begin: the job is open and its timeout starts at ``started_at``."""
+
+    datasets: list[DatasetName]
+    timeout_s: Annotated[float, msgspec.Meta(gt=0, description="Abort the job if it has not ended by then.")]
+    started_at: Timestamp
+    app: str = ""
+
+
+class TaskFinished(_QueueEvent, frozen=True, kw_only=True, tag="task_finished"):
+    """One finished task attempt's staged files for one dataset, and its source watermarks."""
+
+    dataset: DatasetName
+    task: Index
+    attempt: Index
+    files: list[StagedFile]
+    watermarks: dict[WatermarkName, int] = {}
+    finished_at: Timestamp
+
+
+class JobFinished(_QueueEvent, frozen=True, kw_only=True, tag="job_finished"):
+    """Commit: the job succeeded; per dataset, how many tasks (and which attempts) to commit."""
+
+    datasets: dict[DatasetName, DatasetExpectation]
+    finished_at: Timestamp
+
+
+class JobFailed(_QueueEvent, frozen=True, kw_only=True, tag="job_failed"):
+    """Abort: the job failed; its staged output is cleaned up."""
+
+    datasets: list[DatasetName]
+    reason: str
+    failed_at: Timestamp
+
+
+class JobCancelled(_QueueEvent, frozen=True, kw_only=True, tag="job_cancelled"):
+    """Abort: the job was cancelled; its staged output is cleaned up."""
+
+    datasets: list[DatasetName]
+    reason: str
+    cancelled_at: Timestamp
+
+
+QueueEvent = JobStarted | TaskFinished | JobFinished | JobFailed | JobCancelled
+"""Every queue event, as a tagged union (decode target)."""
+
+QUEUE_EVENT_TYPES: Final[dict[str, type[QueueEvent]]] = {
+    str(cls.__struct_config__.tag): cls
+    for cls in (JobStarted, TaskFinished, JobFinished, JobFailed, JobCancelled)
+}
+"""Wire ``type`` tag -> event class."""
+
+
+def event_type(ev: QueueEvent) -> str:
+    """Return the wire ``type`` tag of ``ev`` (e.g. ``"task_finished"``)."""
+    return str(type(ev).__struct_config__.tag)
+
+
+def event_datasets(ev: QueueEvent) -> list[str]:
+    """Return the datasets ``ev`` concerns, in message order (one for TaskFinished)."""
+    if isinstance(ev, TaskFinished):
+        return [ev.dataset]
+    return list(ev.datasets)
+
+
+def restrict_to(ev: QueueEvent, datasets: set[str] | frozenset[str]) -> QueueEvent:
+    """Return ``ev`` carrying only the datasets in ``datasets`` (order kept).
+
+    The publisher sends a job-level event to every shard that holds one of its
+    datasets, each copy naming only that shard's datasets. Returns ``ev``
+    itself when nothing is removed.
+
+    Raises:
+        BadInput: none of ``ev``'s datasets is in ``datasets`` (the event
+            does not belong on that shard at all).
+    """
+    if isinstance(ev, TaskFinished):
+        if ev.dataset not in datasets:
+            raise BadInput(f"task_finished for {ev.dataset!r} has no dataset in the given set")
+        return ev
+    if isinstance(ev, JobFinished):
+        kept = {name: exp for name, exp in ev.datasets.items() if name in datasets}
+        if not kept:
+            raise BadInput(f"job_finished of {ev.job!r} has no dataset in the given set")
+        return ev if len(kept) == len(ev.datasets) else msgspec.structs.replace(ev, datasets=kept)
+    names = [name for name in ev.datasets if name in datasets]
+    if not names:
+        raise BadInput(f"{event_type(ev)} of {ev.job!r} has no dataset in the given set")
+    return ev if len(names) == len(ev.datasets) else msgspec.structs.replace(ev, datasets=names)

@@ -1,0 +1,182 @@
+"""Checks a decoded queue event must pass before a worker acts on it.
+
+Pure functions over typed events; the codec runs them after decoding. Each
+failure raises :class:`InvalidMessage` with one reason code and a detail that
+names the offending field.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Self
+
+from .._errors import ConfigError
+from .._settings import SecuritySettings
+from ._invalid import InvalidMessage
+from ._layout import (
+    MAX_KEY_BYTES,
+    MAX_SEGMENT_BYTES,
+    STAGING,
+    check_dataset_segment,
+    check_job,
+    check_rel_path,
+)
+from ._queue_events import (
+    DEFAULT_DATASET_PATTERN,
+    SCHEMA_VERSION,
+    DatasetExpectation,
+    JobFinished,
+    QueueEvent,
+    TaskFinished,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ValidationLimits:
+    """What a consumer accepts: message size, dataset names, and the signing secret.
+
+    ``secret`` None means signing is off (a ``sig`` field, if present, is
+    ignored); otherwise every message must carry a valid signature.
+    """
+
+    max_message_bytes: int = 1_048_576
+    dataset_pattern: str = DEFAULT_DATASET_PATTERN
+    secret: bytes | None = field(default=None, repr=False)
+    _dataset_re: re.Pattern[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.max_message_bytes < 1:
+            raise ConfigError("security.max_message_bytes must be >= 1")
+        if self.secret is not None and not self.secret:
+            raise ConfigError("the signing secret must not be empty (use None to turn signing off)")
+        try:
+            compiled = re.compile(self.dataset_pattern)
+        except re.error as exc:
+            raise ConfigError(f"security.dataset_pattern is not a valid regex: {exc}") from None
+        object.__setattr__(self, "_dataset_re", compiled)
+
+    @classmethod
+    def from_settings(cls, security: SecuritySettings) -> Self:
+        """Return the limits configured in ``security`` (an empty secret turns signing off).
+
+        Raises:
+            ConfigError: invalid pattern or size.
+        """
+        return cls(
+            max_message_bytes=security.max_message_bytes,
+            dataset_pattern=security.dataset_pattern,
+            secret=security.hmac_secret.encode() or None,
+        )
+
+    def check_dataset(self, name: str, where: str = "$.dataset") -> str:
+        """Return ``name`` when it matches the configured pattern and is one safe segment.
+
+        Raises:
+            InvalidMessage: ``bad_dataset``.
+        """
+        if not self._dataset_re.fullmatch(name):
+            raise InvalidMessage(
+                "bad_dataset", f"dataset {name!r} does not match {self.dataset_pattern} - at `{where}`"
+            )
+        try:
+            return check_dataset_segment(name)
+        except InvalidMessage as exc:
+            raise InvalidMessage("bad_dataset", f"{exc.detail} - at `{where}`") from None
+
+
+def _check_dataset_list(names: Iterable[str], limits: ValidationLimits) -> None:
+    seen: set[str] = set()
+    for i, name in enumerate(names):
+        limits.check_dataset(name, f"$.datasets[{i}]")
+        if name in seen:
+            raise InvalidMessage("inconsistent", f"dataset {name!r} is listed twice - at `$.datasets[{i}]`")
+        seen.add(name)
+    if not seen:
+        raise InvalidMessage("inconsistent", "the event names no dataset - at `$.datasets`")
+
+
+def _check_expectation(name: str, exp: DatasetExpectation) -> None:
+    if exp.winners is not None and len(exp.winners) != exp.tasks:
+        raise InvalidMessage(
+            "inconsistent",
+            f"dataset {name!r} expects {exp.tasks} tasks but names {len(exp.winners)} winners"
+            f" - at `$.datasets.{name}.winners`",
+        )
+
+
+def _check_task_finished(ev: TaskFinished, limits: ValidationLimits) -> None:
+    limits.check_dataset(ev.dataset)
+    # Longest keys this message leads to: the staged key and the published key.
+    staged_base = len(f"{STAGING}/{ev.job}/{ev.dataset}/{ev.task}-{ev.attempt}/".encode())
+    published_base = len(ev.dataset.encode()) + 1
+    name_prefix = len(f"{ev.job}-{ev.task:05d}-".encode())
+    seen: set[str] = set()
+    for i, f in enumerate(ev.files):
+        where = f"$.files[{i}].path"
+        try:
+            parts = check_rel_path(f.path)
+        except InvalidMessage as exc:
+            raise InvalidMessage("unsafe_path", f"{exc.detail} - at `{where}`") from None
+        size = len(f.path.encode())
+        if staged_base + size > MAX_KEY_BYTES or published_base + name_prefix + size > MAX_KEY_BYTES:
+            raise InvalidMessage(
+                "unsafe_path", f"file path leads to a key over {MAX_KEY_BYTES} bytes - at `{where}`"
+            )
+        if name_prefix + len(parts[-1].encode()) > MAX_SEGMENT_BYTES:
+            raise InvalidMessage(
+                "unsafe_path",
+                f"published file name <job>-<task>-{parts[-1][:40]!r}... is over"
+                f" {MAX_SEGMENT_BYTES} bytes - at `{where}`",
+            )
+        if f.path in seen:
+            raise InvalidMessage("inconsistent", f"file {f.path!r} is listed twice - at `{where}`")
+        seen.add(f.path)
+
+
+def validate_event(ev: QueueEvent, limits: ValidationLimits) -> QueueEvent:
+    """Return ``ev`` when it passes every contextual check of the contract.
+
+    Checks: version, job id, dataset names (configured pattern, no
+    duplicates, at least one), file paths (safe, unique, short enough for every
+    store), and ``winners`` consistency. Shape checks (types, non-negative
+    numbers) were done by decoding.
+
+    Raises:
+        InvalidMessage: ``unsupported_version``, ``bad_job``, ``bad_dataset``,
+            ``unsafe_path`` or ``inconsistent``.
+    """
+    if ev.v != SCHEMA_VERSION:
+        raise InvalidMessage(
+            "unsupported_version", f"version {ev.v} is not supported (this consumer reads v{SCHEMA_VERSION})"
+        )
+    try:
+        check_job(ev.job)
+    except InvalidMessage as exc:
+        raise InvalidMessage("bad_job", f"{exc.detail} - at `$.job`") from None
+    if isinstance(ev, TaskFinished):
+        _check_task_finished(ev, limits)
+    elif isinstance(ev, JobFinished):
+        _check_dataset_list(ev.datasets, limits)
+        for name, exp in ev.datasets.items():
+            _check_expectation(name, exp)
+    else:
+        _check_dataset_list(ev.datasets, limits)
+    return ev
+
+
+def check_task_index(ev: TaskFinished, expectation: DatasetExpectation) -> None:
+    """Return when ``ev.task`` is one of the task indexes ``expectation`` covers.
+
+    A worker calls this once it holds both the job's ``JobFinished`` and a
+    task's ``TaskFinished`` (in either order); a single message cannot tell.
+
+    Raises:
+        InvalidMessage: ``inconsistent`` when ``ev.task >= expectation.tasks``.
+    """
+    if ev.task >= expectation.tasks:
+        raise InvalidMessage(
+            "inconsistent",
+            f"task {ev.task} of dataset {ev.dataset!r} is outside the job's {expectation.tasks} tasks",
+        )
