@@ -43,15 +43,11 @@ class Assignment(msgspec.Struct, frozen=True, kw_only=True):
 
     def runnable(self, worker: str) -> frozenset[int]:
         """Return the shards ``worker`` may run now (owner and not moving)."""
-        return frozenset(
-            i for i, s in enumerate(self.slots) if s.owner == worker and s.moving_to is None
-        )
+        return frozenset(i for i, s in enumerate(self.slots) if s.owner == worker and s.moving_to is None)
 
     def releasing(self, worker: str) -> frozenset[int]:
         """Return the shards ``worker`` must stop and confirm (owner, moving away)."""
-        return frozenset(
-            i for i, s in enumerate(self.slots) if s.owner == worker and s.moving_to is not None
-        )
+        return frozenset(i for i, s in enumerate(self.slots) if s.owner == worker and s.moving_to is not None)
 
     def owners(self) -> dict[str, list[int]]:
         """Return worker -> sorted shards it owns (moving ones included)."""
@@ -78,7 +74,7 @@ def balanced_targets(shards: int, current: Mapping[int, str | None], live: Itera
     for shard in range(shards):
         owner = current.get(shard)
         if owner in mine:
-            mine[owner].append(shard)  # type: ignore[index]
+            mine[owner].append(shard)
         else:
             pool.append(shard)
     base, extra = divmod(shards, len(workers))
@@ -121,9 +117,7 @@ def rebalance(
     """
     live_set = set(live)
     shards = len(current.slots)
-    incoming = {
-        i: (s.moving_to if s.moving_to is not None else s.owner) for i, s in enumerate(current.slots)
-    }
+    incoming = {i: (s.moving_to if s.moving_to is not None else s.owner) for i, s in enumerate(current.slots)}
     target = balanced_targets(shards, incoming, live_set)
     slots: list[Slot] = []
     for i, slot in enumerate(current.slots):
