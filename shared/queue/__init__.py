@@ -1,0 +1,47 @@
+"""Redis Streams access: shard routing, key names, publishing, consumer groups,
+dead letters, the admin stream and the fleet's meta record.
+
+See docs/queue.md for the key layout, entry fields and consumer-group semantics.
+"""
+
+from ._admin_stream import DEFAULT_ADMIN_MAXLEN, AdminPublisher, follow_admin, read_admin_range
+from ._bench import raw_consume_rate
+from ._connect import connect, connect_sync, redis_errors
+from ._consumer import DEFAULT_GROUP, ConsumerInfo, ShardConsumer, ShardLag
+from ._dead_letters import DeadLetter, count_dead_letters, read_dead_letters
+from ._entry import Entry, id_key
+from ._fleet_meta import FleetMeta, ensure_fleet, ensure_fleet_sync, read_fleet_meta
+from ._keys import Keys
+from ._publisher import AsyncPublisher, SyncPublisher, plan_entries
+from ._routing import group_by_shard, shard_of, split_by_shard
+
+__all__ = [
+    "DEFAULT_ADMIN_MAXLEN",
+    "DEFAULT_GROUP",
+    "AdminPublisher",
+    "AsyncPublisher",
+    "ConsumerInfo",
+    "DeadLetter",
+    "Entry",
+    "FleetMeta",
+    "Keys",
+    "ShardConsumer",
+    "ShardLag",
+    "SyncPublisher",
+    "connect",
+    "connect_sync",
+    "count_dead_letters",
+    "ensure_fleet",
+    "ensure_fleet_sync",
+    "follow_admin",
+    "group_by_shard",
+    "id_key",
+    "plan_entries",
+    "raw_consume_rate",
+    "read_admin_range",
+    "read_dead_letters",
+    "read_fleet_meta",
+    "redis_errors",
+    "shard_of",
+    "split_by_shard",
+]

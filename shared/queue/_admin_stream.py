@@ -1,0 +1,152 @@
+"""The fleet's admin event stream (``cf:<fleet>:admin``): capped, one field ``data`` per entry.
+
+Writers (workers, coordinators) append with ``MAXLEN ~ settings.admin.stream_maxlen``;
+readers (``commitfleet events --follow``, the HTTP event stream, tests)
+follow it with XREAD. Entries that do not decode (for instance an event type
+of a newer fleet version) are skipped by readers and logged.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+import redis.asyncio
+
+from .._retry import RetryPolicy, retry
+from ..events import DATA_FIELD, AdminEvent, InvalidMessage, decode_admin, encode_admin
+from ._connect import redis_errors
+from ._entry import Entry, as_bytes, entries_from_reply
+from ._keys import Keys
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ADMIN_MAXLEN = 100_000
+_DATA = DATA_FIELD.encode()
+
+
+class AdminPublisher:
+    """Appends admin events to the fleet's capped admin stream.
+
+    The caller owns ``redis_client``. Transient errors are retried under
+    ``policy``; a retried append may duplicate an admin event (readers see
+    it twice; admin events are informational).
+    """
+
+    def __init__(
+        self,
+        redis_client: redis.asyncio.Redis,
+        keys: Keys,
+        *,
+        maxlen: int = DEFAULT_ADMIN_MAXLEN,
+        policy: RetryPolicy | None = None,
+    ) -> None:
+        if maxlen < 1:
+            raise ValueError("maxlen must be >= 1")
+        self.redis = redis_client
+        self.keys = keys
+        self.maxlen = maxlen
+        self.policy = policy or RetryPolicy()
+
+    async def publish(self, ev: AdminEvent) -> bytes:
+        """Append ``ev``; return its stream id.
+
+        Raises:
+            TransientError: Redis stayed unreachable for the whole retry policy.
+        """
+        return await self.publish_raw(encode_admin(ev))
+
+    async def publish_raw(self, data: bytes) -> bytes:
+        """Raw layer: append one entry ``{data: data}``; return its stream id. Raises as :meth:`publish`."""
+
+        async def send() -> bytes:
+            with redis_errors("XADD admin"):
+                entry_id = await self.redis.xadd(
+                    self.keys.admin, {_DATA: data}, maxlen=self.maxlen, approximate=True
+                )
+            return as_bytes(entry_id)
+
+        return await retry(send, self.policy)
+
+
+def _decoded(entries: list[Entry]) -> list[tuple[bytes, AdminEvent]]:
+    out: list[tuple[bytes, AdminEvent]] = []
+    for entry in entries:
+        data = entry.fields.get(_DATA)
+        if data is None:
+            log.warning("admin entry %s has no data field; skipped", entry.id.decode())
+            continue
+        try:
+            out.append((entry.id, decode_admin(data)))
+        except InvalidMessage as exc:
+            log.warning("admin entry %s skipped: %s", entry.id.decode(), exc)
+    return out
+
+
+async def _last_id(redis_client: redis.asyncio.Redis, keys: Keys) -> bytes:
+    with redis_errors("XREVRANGE admin"):
+        newest = await redis_client.xrevrange(keys.admin, count=1)
+    return as_bytes(newest[0][0]) if newest else b"0-0"
+
+
+async def follow_admin(
+    redis_client: redis.asyncio.Redis,
+    keys: Keys,
+    *,
+    from_id: bytes | str = "$",
+    block_ms: int = 1000,
+    count: int = 100,
+    policy: RetryPolicy | None = None,
+) -> AsyncIterator[tuple[bytes, AdminEvent]]:
+    """Yield ``(stream id, event)`` for every admin event after ``from_id``, forever.
+
+    ``from_id`` ``"$"`` means events appended from now on (resolved to the
+    newest id at the start, so nothing appended between two reads is
+    missed); ``"0"`` replays the whole (capped) stream first. ``block_ms``
+    must stay below the client's socket timeout.
+
+    Raises:
+        TransientError: Redis stayed unreachable for a whole retry policy
+            (each read gets a fresh budget, so a Redis restart is survived).
+
+    Cancellation: stops at once; resume with ``from_id`` = the last id seen.
+    """
+    policy = policy or RetryPolicy()
+    last: bytes
+    if from_id in ("$", b"$"):
+        last = await retry(lambda: _last_id(redis_client, keys), policy)
+    else:
+        last = from_id.encode() if isinstance(from_id, str) else from_id
+
+    async def read() -> list[Entry]:
+        with redis_errors("XREAD admin"):
+            reply = await redis_client.xread({keys.admin: last}, count=count, block=block_ms)
+        return entries_from_reply(reply)
+
+    while True:
+        entries = await retry(read, policy)
+        if not entries:
+            continue
+        last = entries[-1].id
+        for item in _decoded(entries):
+            yield item
+
+
+async def read_admin_range(
+    redis_client: redis.asyncio.Redis,
+    keys: Keys,
+    start: bytes | str = "-",
+    end: bytes | str = "+",
+    count: int | None = None,
+) -> list[tuple[bytes, AdminEvent]]:
+    """Return the admin events with ids in ``[start, end]``, oldest first (undecodable ones skipped).
+
+    Raises:
+        TransientError: Redis is unreachable.
+    """
+    with redis_errors("XRANGE admin"):
+        rows = await redis_client.xrange(keys.admin, min=start, max=end, count=count)
+    return _decoded(entries_from_reply([[keys.admin, rows]]))
+
+
+__all__ = ["DEFAULT_ADMIN_MAXLEN", "AdminPublisher", "follow_admin", "read_admin_range"]

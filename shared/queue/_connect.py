@@ -1,0 +1,122 @@
+"""Connecting to Redis by URL, and translating redis-py errors into ours.
+
+``redis://[user:password@]host:port/db``, ``rediss://...`` (TLS; query options
+such as ``ssl_ca_certs=/path`` or ``ssl_cert_reqs=none`` are passed to
+redis-py) and ``unix:///path.sock?db=0`` are accepted. Clients return bytes
+(``decode_responses=False``).
+
+redis-py's own retry loop is switched off: retries happen in one place, our
+:class:`~shared._retry.RetryPolicy`, where callers can see them (a consumer
+must know that a read was lost, see ShardConsumer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import redis
+import redis.asyncio
+import redis.asyncio.retry
+import redis.backoff
+import redis.exceptions as rx
+import redis.retry
+
+from .._errors import ConfigError, NotFound, Throttled, TransientError
+from .._settings import RedisSettings
+
+# A pooled connection idle longer than this is PINGed before use, so a Redis
+# restart shows up as one reconnect instead of an error on the next command.
+HEALTH_CHECK_INTERVAL = 15
+
+
+def connect(settings: RedisSettings, *, client_name: str | None = None) -> redis.asyncio.Redis:
+    """Return an asyncio Redis client for ``settings.url`` (no I/O yet: connects lazily).
+
+    The caller owns the client and closes it with ``await client.aclose()``.
+
+    Raises:
+        ConfigError: the URL cannot be parsed.
+    """
+    try:
+        return redis.asyncio.Redis.from_url(
+            settings.url,
+            retry=redis.asyncio.retry.Retry(redis.backoff.NoBackoff(), 0),
+            decode_responses=False,
+            socket_timeout=settings.socket_timeout,
+            socket_connect_timeout=settings.socket_timeout,
+            socket_keepalive=True,
+            health_check_interval=HEALTH_CHECK_INTERVAL,
+            client_name=client_name or None,
+        )
+    except ValueError as exc:
+        raise ConfigError(f"bad redis.url: {exc}") from None
+
+
+def connect_sync(settings: RedisSettings, *, client_name: str | None = None) -> redis.Redis:
+    """Return a blocking Redis client for ``settings.url`` (for Spark executors and tools).
+
+    Raises:
+        ConfigError: the URL cannot be parsed.
+    """
+    try:
+        return redis.Redis.from_url(
+            settings.url,
+            retry=redis.retry.Retry(redis.backoff.NoBackoff(), 0),
+            decode_responses=False,
+            socket_timeout=settings.socket_timeout,
+            socket_connect_timeout=settings.socket_timeout,
+            socket_keepalive=True,
+            health_check_interval=HEALTH_CHECK_INTERVAL,
+            client_name=client_name or None,
+        )
+    except ValueError as exc:
+        raise ConfigError(f"bad redis.url: {exc}") from None
+
+
+def _message(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__
+
+
+@contextmanager
+def redis_errors(what: str) -> Iterator[None]:
+    """Translate redis-py exceptions raised inside the block into commitfleet's tree.
+
+    Works around sync and async code alike (``with redis_errors("XADD"): await ...``).
+
+    - authentication / ACL failures (wrong password, NOPERM) -> ConfigError
+    - connection errors, timeouts, LOADING, TRYAGAIN, CLUSTERDOWN, READONLY
+      (failover in progress), MISCONF -> TransientError
+    - OOM -> Throttled
+    - NOGROUP, "no such key" -> NotFound
+    - WRONGTYPE (a key used by something else) -> ConfigError
+
+    Other ``ResponseError``s are programming errors and propagate unchanged.
+    CancelledError is never touched.
+    """
+    try:
+        yield
+    except (rx.AuthenticationError, rx.AuthorizationError, rx.AuthenticationWrongNumberOfArgsError) as exc:
+        raise ConfigError(f"redis refused our credentials during {what}: {_message(exc)}") from exc
+    except rx.NoPermissionError as exc:
+        raise ConfigError(f"redis ACL denies {what}: {_message(exc)}") from exc
+    except (rx.ConnectionError, rx.TimeoutError, rx.TryAgainError, rx.ClusterDownError) as exc:
+        raise TransientError(f"redis unavailable during {what}: {_message(exc)}") from exc
+    except rx.ReadOnlyError as exc:
+        raise TransientError(f"redis is a read-only replica during {what}: {_message(exc)}") from exc
+    except rx.OutOfMemoryError as exc:
+        raise Throttled(f"redis is out of memory during {what}: {_message(exc)}") from exc
+    except rx.ResponseError as exc:
+        text = _message(exc)
+        if text.startswith("NOGROUP") or "no such key" in text.lower():
+            raise NotFound(f"{what}: {text}") from exc
+        if text.startswith(("MISCONF", "LOADING", "MASTERDOWN")):
+            raise TransientError(f"redis cannot serve {what} now: {text}") from exc
+        if text.startswith("WRONGTYPE"):
+            raise ConfigError(f"{what}: a key has the wrong type (another program uses it?): {text}") from exc
+        if text.startswith(("NOAUTH", "WRONGPASS")):
+            raise ConfigError(f"redis refused our credentials during {what}: {text}") from exc
+        raise
+
+
+__all__ = ["HEALTH_CHECK_INTERVAL", "connect", "connect_sync", "redis_errors"]

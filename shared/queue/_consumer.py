@@ -1,0 +1,308 @@
+"""The consumer side of one shard's stream (used by workers).
+
+Consumer-group semantics (one group, ``workers``, per shard stream):
+
+- ``read`` delivers new entries (XREADGROUP ``>``); each stays *pending* to
+  this consumer until it is acknowledged (``ack``) or dead-lettered.
+- A worker acknowledges an entry only once what it says is durable.
+- A restarted worker with the same consumer name re-reads its own pending
+  entries first (``read_pending``), then new ones.
+- A new owner of a shard takes over the pending entries of consumers that
+  are KNOWN dead (their lease expired) with ``claim_from``; entries are never
+  claimed by idle time, because a live consumer that holds an entry a long
+  time (a slow commit) would have it stolen.
+- Redis delivers an entry at least once: a read whose reply is lost
+  (connection dropped after the command was sent, or the read cancelled)
+  leaves its entries pending to us unseen. The next ``read`` returns them
+  first (it re-reads our own pending entries above the highest id it handed
+  out), so nothing is stuck until a restart.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio
+
+from .._errors import NotFound
+from ._connect import redis_errors
+from ._dead_letters import DEFAULT_MAX_COPY_BYTES, dead_letter_fields
+from ._entry import Entry, entries_from_raw, entries_from_reply, id_key, max_id
+from ._keys import Keys
+
+DEFAULT_GROUP = "workers"
+
+# XACK first, XADD to the dead stream only when the XACK removed the entry from
+# the pending list: atomic (both keys share the shard's hash tag) and idempotent,
+# so a dead_letter retried after a lost reply never writes two dead letters.
+_DEAD_LETTER_LUA = """
+local acked = redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
+if acked == 0 then return false end
+local fields = {}
+for i = 3, #ARGV do fields[#fields + 1] = ARGV[i] end
+return redis.call('XADD', KEYS[2], '*', unpack(fields))
+"""
+
+# Move up to ARGV[4] pending entries of consumer ARGV[2] to ARGV[3]. Filtered by
+# consumer name, never by idle time. When the dead consumer has nothing left it
+# is deleted (DELCONSUMER drops pending entries, so only once it has none).
+# Returns {claimed entries, number of ids that were pending}.
+_CLAIM_LUA = """
+local pending = redis.call('XPENDING', KEYS[1], ARGV[1], '-', '+', tonumber(ARGV[4]), ARGV[2])
+local claimed = {}
+if #pending > 0 then
+  local ids = {}
+  for i, p in ipairs(pending) do ids[i] = p[1] end
+  claimed = redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[3], 0, unpack(ids))
+end
+if #pending < tonumber(ARGV[4]) then
+  redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[2])
+end
+return {claimed, #pending}
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class ShardLag:
+    """How far a shard's consumer group is behind."""
+
+    shard: int
+    length: int
+    """Entries in the stream."""
+    pending: int
+    """Entries delivered and not yet acknowledged."""
+    lag: int | None
+    """Entries not yet delivered to the group (None when Redis cannot tell, e.g. after deletions)."""
+    last_delivered_id: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerInfo:
+    """One consumer of a shard's group."""
+
+    name: str
+    pending: int
+    idle_ms: int
+
+
+class ShardConsumer:
+    """One consumer (a worker) of one shard's consumer group.
+
+    Methods raise :class:`~shared.TransientError` when Redis is unreachable;
+    the caller decides how to retry (``ack`` and ``dead_letter`` are
+    idempotent and safe to retry; ``read`` is safe too, see the module doc).
+    Not for concurrent use by several tasks.
+    """
+
+    def __init__(
+        self,
+        redis_client: redis.asyncio.Redis,
+        keys: Keys,
+        shard: int,
+        group: str = DEFAULT_GROUP,
+        consumer: str = "",
+        *,
+        max_copy_bytes: int = DEFAULT_MAX_COPY_BYTES,
+    ) -> None:
+        if not consumer:
+            raise ValueError("a consumer name is required")
+        self.redis = redis_client
+        self.keys = keys
+        self.shard = shard
+        self.group = group
+        self.consumer = consumer
+        self.stream = keys.events(shard)
+        self.dead_stream = keys.dead(shard)
+        self._max_copy_bytes = max_copy_bytes
+        self._dead_letter = redis_client.register_script(_DEAD_LETTER_LUA)
+        self._claim = redis_client.register_script(_CLAIM_LUA)
+        # Highest id handed to the caller; every such id is <= the group's
+        # last-delivered id, so entries pending to us above it were lost in transit.
+        self._high: bytes | None = None
+        self._resync = False
+
+    def _seen(self, entries: list[Entry]) -> list[Entry]:
+        self._high = max_id(self._high, (e.id for e in entries))
+        return entries
+
+    async def ensure_group(self) -> None:
+        """Create the shard's stream and consumer group if missing (reading from id 0).
+
+        Returns when the group exists. Raises TransientError. Idempotent.
+        """
+        with redis_errors("XGROUP CREATE"):
+            try:
+                await self.redis.xgroup_create(self.stream, self.group, id="0", mkstream=True)
+            except redis.ResponseError as exc:
+                if not str(exc).startswith("BUSYGROUP"):
+                    raise
+
+    async def _xreadgroup(self, from_id: bytes, count: int, block_ms: int | None) -> list[Entry]:
+        with redis_errors("XREADGROUP"):
+            reply = await self.redis.xreadgroup(
+                self.group, self.consumer, {self.stream: from_id}, count=count, block=block_ms
+            )
+        return entries_from_reply(reply)
+
+    async def read(self, count: int, block_ms: int) -> list[Entry]:
+        """Return up to ``count`` entries: any lost in transit first, else new ones (waits ``block_ms``).
+
+        ``block_ms`` must stay well below the client's socket timeout. When the
+        group or stream is gone (Redis restarted without persistence, or the
+        stream was deleted) the group is re-created and an empty list returned.
+
+        Raises:
+            TransientError: Redis is unreachable; the next call returns what
+                this one may have taken.
+
+        Cancellation: entries this read took stay pending to us and come back
+        from the next ``read`` (or ``read_pending`` after a restart).
+        """
+        if self._resync:
+            lost = await self._xreadgroup(self._high or b"0", count, None)
+            if lost:
+                return self._seen(lost)
+            self._resync = False
+        try:
+            entries = await self._xreadgroup(b">", count, block_ms)
+        except NotFound:
+            await self.ensure_group()
+            return []
+        except BaseException:
+            self._resync = True
+            raise
+        return self._seen(entries)
+
+    async def read_pending(self, count: int = 500, after: bytes = b"0") -> list[Entry]:
+        """Return up to ``count`` of our own pending entries with an id above ``after``, oldest first.
+
+        Page by passing the last id returned as ``after``; an empty list means
+        there are no more. Entries whose content was trimmed away come back
+        with empty fields (``Entry.deleted``): acknowledge or dead-letter them.
+
+        Raises:
+            TransientError: Redis is unreachable.
+            NotFound: the group does not exist (call ``ensure_group``).
+        """
+        return self._seen(await self._xreadgroup(after, count, None))
+
+    async def ack(self, ids: list[bytes]) -> int:
+        """Acknowledge entries; return how many were pending (already acked ones count 0).
+
+        Idempotent. Raises TransientError.
+        """
+        if not ids:
+            return 0
+        with redis_errors("XACK"):
+            return int(await self.redis.xack(self.stream, self.group, *ids))
+
+    async def dead_letter(self, entry: Entry, reason: str, detail: str) -> bytes | None:
+        """Move ``entry`` to the shard's dead-letter stream and acknowledge it, atomically.
+
+        One Lua script (both keys share the shard's hash tag, so it works on
+        Redis Cluster): the entry is acknowledged and, only if it was still
+        pending, appended to the dead stream with ``reason`` and ``detail``.
+
+        Returns:
+            The dead-letter entry's id, or None when the entry was no longer
+            pending (already acknowledged or dead-lettered: nothing written).
+
+        Raises:
+            TransientError: Redis is unreachable (safe to retry).
+        """
+        fields = dead_letter_fields(
+            entry,
+            shard=self.shard,
+            reason=reason,
+            detail=detail,
+            consumer=self.consumer,
+            now_ms=int(time.time() * 1000),
+            max_copy_bytes=self._max_copy_bytes,
+        )
+        args: list[Any] = [self.group, entry.id]
+        for name, value in fields.items():
+            args += [name, value]
+        with redis_errors("dead_letter"):
+            result = await self._dead_letter(keys=[self.stream, self.dead_stream], args=args)
+        return result if isinstance(result, bytes) else None
+
+    async def claim_from(self, dead_consumers: list[str], *, page: int = 500) -> list[Entry]:
+        """Take over every pending entry of the named consumers, which the caller knows are dead.
+
+        Each page is one Lua script (XPENDING for that consumer + XCLAIM), so
+        only entries still pending to the dead consumer move; a dead consumer
+        left with no pending entries is removed from the group. Entries
+        trimmed from the stream meanwhile are dropped by Redis (7.0+).
+        Never pass a live consumer: its in-flight entries would be taken.
+
+        Returns:
+            The claimed entries (now pending to us), in id order per consumer.
+
+        Raises:
+            TransientError: Redis is unreachable; what was claimed before
+                stays pending to us and shows up in ``read_pending``.
+        """
+        out: list[Entry] = []
+        for name in dead_consumers:
+            if name == self.consumer:
+                continue
+            while True:
+                with redis_errors("claim_from"):
+                    raw = await self._claim(keys=[self.stream], args=[self.group, name, self.consumer, page])
+                claimed, seen = entries_from_raw(raw[0]), int(raw[1])
+                out.extend(claimed)
+                if seen < page:
+                    break
+        out.sort(key=lambda e: id_key(e.id))
+        return self._seen(out)
+
+    async def consumers(self) -> list[ConsumerInfo]:
+        """Return the group's consumers with their pending counts and idle times.
+
+        Raises:
+            TransientError: Redis is unreachable.
+            NotFound: the stream or group does not exist.
+        """
+        with redis_errors("XINFO CONSUMERS"):
+            rows = await self.redis.xinfo_consumers(self.stream, self.group)
+        return [
+            ConsumerInfo(
+                name=_text(row["name"]),
+                pending=int(row["pending"]),
+                idle_ms=int(row["idle"]),
+            )
+            for row in rows
+        ]
+
+    async def lag(self) -> ShardLag:
+        """Return the group's backlog: stream length, pending and undelivered counts.
+
+        Raises:
+            TransientError: Redis is unreachable.
+            NotFound: the stream or group does not exist.
+        """
+        with redis_errors("XINFO GROUPS"):
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.xlen(self.stream)
+                pipe.xinfo_groups(self.stream)
+                length, groups = await pipe.execute()
+        for row in groups:
+            if _text(row["name"]) == self.group:
+                raw_lag = row.get("lag")
+                return ShardLag(
+                    shard=self.shard,
+                    length=int(length),
+                    pending=int(row["pending"]),
+                    lag=None if raw_lag is None else int(raw_lag),
+                    last_delivered_id=row["last-delivered-id"],
+                )
+        raise NotFound(f"no consumer group {self.group!r} on {self.stream}")
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+__all__ = ["DEFAULT_GROUP", "ConsumerInfo", "ShardConsumer", "ShardLag"]

@@ -1,0 +1,86 @@
+"""Stream entries and stream ids (plain values, no I/O)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One stream entry as read: its id and its fields (bytes to bytes).
+
+    An entry whose fields are empty was deleted from the stream (trimmed)
+    while it was still pending: Redis remembers that it was delivered but
+    no longer has its content. Such an entry can only be acknowledged or
+    dead-lettered.
+    """
+
+    id: bytes
+    fields: dict[bytes, bytes]
+
+    @property
+    def deleted(self) -> bool:
+        """Return True when the entry's content is gone from the stream (see class doc)."""
+        return not self.fields
+
+
+def as_bytes(value: object) -> bytes:
+    """Return a Redis reply value as bytes (clients here never decode responses).
+
+    Raises:
+        TypeError: the value is neither bytes nor str.
+    """
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    raise TypeError(f"expected bytes from Redis, got {type(value).__name__}")
+
+
+def id_key(stream_id: bytes | str) -> tuple[int, int]:
+    """Return a stream id (``b"<ms>-<seq>"``) as a tuple that sorts like Redis sorts ids.
+
+    Raises:
+        ValueError: not a complete stream id.
+    """
+    text = stream_id.decode("ascii") if isinstance(stream_id, bytes) else stream_id
+    ms, sep, seq = text.partition("-")
+    if not sep:
+        raise ValueError(f"not a complete stream id: {text!r}")
+    return int(ms), int(seq)
+
+
+def max_id(current: bytes | None, ids: Iterable[bytes]) -> bytes | None:
+    """Return the greatest of ``current`` and ``ids`` (None when both are empty)."""
+    best = current
+    best_key = id_key(best) if best is not None else None
+    for candidate in ids:
+        key = id_key(candidate)
+        if best_key is None or key > best_key:
+            best, best_key = candidate, key
+    return best
+
+
+def entries_from_reply(reply: Any) -> list[Entry]:
+    """Return the entries of a parsed XREADGROUP/XREAD reply for ONE stream (redis-py RESP2 shape).
+
+    ``reply`` is ``[[stream, [(id, {field: value}), ...]]]`` or empty.
+    """
+    if not reply:
+        return []
+    return [Entry(entry_id, fields or {}) for entry_id, fields in reply[0][1]]
+
+
+def entries_from_raw(raw: Any) -> list[Entry]:
+    """Return the entries of an unparsed stream reply ``[[id, [f, v, f, v, ...]], ...]`` (from Lua)."""
+    out: list[Entry] = []
+    for item in raw or ():
+        entry_id, flat = item[0], item[1]
+        flat = flat or []
+        out.append(Entry(entry_id, dict(zip(flat[::2], flat[1::2], strict=True))))
+    return out
+
+
+__all__ = ["Entry", "as_bytes", "entries_from_raw", "entries_from_reply", "id_key", "max_id"]

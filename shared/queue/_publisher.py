@@ -1,0 +1,280 @@
+"""Publishing queue events: split per shard, encode, XADD (pipelined), with bounded retries.
+
+Delivery is at least once. A publish whose outcome is unknown (the
+connection dropped or timed out after the commands were sent) is sent again
+under the retry policy, so an event can land twice in a shard's stream, and
+a batch retried after partial success can repeat its first entries. Workers
+tolerate this: duplicate attempts and replayed job events are expected by
+the contract. Within one publisher, the first copy of every event keeps its
+order per shard.
+
+The first publish of a publisher checks (or records) the fleet's shard
+count in Redis, so a producer configured with the wrong N fails with
+ConfigError instead of routing datasets to the wrong shards.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, ClassVar, TypeVar
+
+import redis
+import redis.asyncio
+
+from .._errors import ConfigError
+from .._retry import RetryPolicy, retry
+from .._settings import RedisSettings
+from ..events import QueueEvent, entry_fields
+from ._connect import connect_sync, redis_errors
+from ._fleet_meta import ensure_fleet, ensure_fleet_sync
+from ._keys import Keys
+from ._routing import split_by_shard
+
+T = TypeVar("T")
+
+DEFAULT_BATCH = 500
+
+Fields = Mapping[str, bytes] | Mapping[bytes, bytes]
+
+
+def _secret_bytes(secret: bytes | str | None) -> bytes | None:
+    if secret is None or secret in ("", b""):
+        return None
+    return secret.encode("utf-8") if isinstance(secret, str) else secret
+
+
+def plan_entries(
+    evs: Iterable[QueueEvent], shards: int, *, secret: bytes | None = None
+) -> list[tuple[int, dict[str, bytes]]]:
+    """Return ``(shard, entry fields)`` for every stream entry the events become, in order.
+
+    Pure: the routing and encoding shared by the async and sync publishers.
+    """
+    out: list[tuple[int, dict[str, bytes]]] = []
+    for ev in evs:
+        for shard, part in split_by_shard(ev, shards).items():
+            out.append((shard, entry_fields(part, secret=secret)))
+    return out
+
+
+def _batches(items: Sequence[T], size: int) -> Iterable[Sequence[T]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def _xadd_args(maxlen: int | None) -> dict[str, Any]:
+    return {} if maxlen is None else {"maxlen": maxlen, "approximate": True}
+
+
+class AsyncPublisher:
+    """Publishes queue events to a fleet's shard streams (asyncio).
+
+    ``secret`` turns on HMAC signing (``sig`` field); ``maxlen`` caps each
+    shard stream approximately (off by default: trimming can drop entries
+    that were never consumed); ``policy`` bounds the retries of transient
+    errors. The caller owns ``redis_client``.
+    """
+
+    def __init__(
+        self,
+        redis_client: redis.asyncio.Redis,
+        fleet: str,
+        shards: int,
+        *,
+        secret: bytes | str | None = None,
+        maxlen: int | None = None,
+        policy: RetryPolicy | None = None,
+    ) -> None:
+        self.redis = redis_client
+        self.keys = Keys(fleet)
+        self.shards = shards
+        self.secret = _secret_bytes(secret)
+        self.maxlen = maxlen
+        self.policy = policy or RetryPolicy()
+        self._checked = False
+
+    async def _check_fleet(self) -> None:
+        if not self._checked:
+            await retry(lambda: ensure_fleet(self.redis, self.keys.fleet, self.shards), self.policy)
+            self._checked = True
+
+    async def publish(self, ev: QueueEvent) -> list[bytes]:
+        """Publish one event: one XADD per shard it concerns, in one pipeline.
+
+        Returns:
+            The new stream ids, one per shard copy (in :func:`split_by_shard` order).
+
+        Raises:
+            TransientError: Redis stayed unreachable for the whole retry policy
+                (the event may or may not have been written).
+            ConfigError: the fleet has another shard count, or bad credentials.
+
+        Cancellation: some copies may have been written; publishing again is safe.
+        """
+        return await self.publish_fields(plan_entries([ev], self.shards, secret=self.secret))
+
+    async def publish_many(self, evs: Iterable[QueueEvent], *, batch: int = DEFAULT_BATCH) -> list[bytes]:
+        """Publish events in pipelines of ``batch`` entries, keeping their order per shard.
+
+        Returns the new stream ids in order. Raises and cancels as :meth:`publish`;
+        batches before a failing one stay published.
+        """
+        return await self.publish_fields(plan_entries(evs, self.shards, secret=self.secret), batch=batch)
+
+    async def publish_fields(
+        self, items: Sequence[tuple[int, Fields]], *, batch: int = DEFAULT_BATCH
+    ) -> list[bytes]:
+        """Raw layer: XADD ready-made entry fields to the given shards (pipelined batches, retried).
+
+        Returns the new stream ids in order. Raises as :meth:`publish`.
+        """
+        await self._check_fleet()
+        ids: list[bytes] = []
+        extra = _xadd_args(self.maxlen)
+        for chunk in _batches(items, batch):
+
+            async def send(chunk: Sequence[tuple[int, Fields]] = chunk) -> list[bytes]:
+                with redis_errors("XADD"):
+                    async with self.redis.pipeline(transaction=False) as pipe:
+                        for shard, fields in chunk:
+                            pipe.xadd(self.keys.events(shard), dict(fields), **extra)  # type: ignore[arg-type]
+                        return list(await pipe.execute())
+
+            ids.extend(await retry(send, self.policy))
+        return ids
+
+
+def retry_sync(fn: Callable[[], T], policy: RetryPolicy) -> T:
+    """Blocking twin of :func:`shared._retry.retry` (for code without an event loop).
+
+    Returns what ``fn()`` returned; raises the last retryable error once the
+    policy is spent, or any other error at once.
+    """
+    start = time.monotonic()
+    delays = policy.delays()
+    while True:
+        try:
+            return fn()
+        except policy.retry_on:
+            delay = next(delays, None)
+            if delay is None or time.monotonic() - start + delay > policy.budget:
+                raise
+            time.sleep(delay)
+
+
+class SyncPublisher:
+    """Blocking publisher for Spark executors and scripts: same routing, encoding and retries.
+
+    Create it once per process with :meth:`cached` (one connection pool per
+    process, reused by every task); it is thread-safe.
+    """
+
+    # The one deliberate piece of process-global state: Spark runs many tasks
+    # in one Python worker and each would otherwise open its own connections.
+    _cache: ClassVar[dict[tuple[Any, ...], SyncPublisher]] = {}
+    _cache_lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(
+        self,
+        redis_client: redis.Redis,
+        fleet: str,
+        shards: int,
+        *,
+        secret: bytes | str | None = None,
+        maxlen: int | None = None,
+        policy: RetryPolicy | None = None,
+    ) -> None:
+        self.redis = redis_client
+        self.keys = Keys(fleet)
+        self.shards = shards
+        self.secret = _secret_bytes(secret)
+        self.maxlen = maxlen
+        self.policy = policy or RetryPolicy()
+        self._checked = False
+
+    @classmethod
+    def cached(
+        cls,
+        url: str,
+        fleet: str,
+        shards: int,
+        secret: bytes | str | None = None,
+        *,
+        socket_timeout: float = 10.0,
+        maxlen: int | None = None,
+    ) -> SyncPublisher:
+        """Return this process's publisher for these arguments, creating it on first use.
+
+        Keyed by the process id too, so a forked child never reuses its
+        parent's sockets. No I/O happens until the first publish.
+
+        Raises:
+            ConfigError: the URL is malformed.
+        """
+        key = (os.getpid(), url, fleet, shards, _secret_bytes(secret), socket_timeout, maxlen)
+        with cls._cache_lock:
+            found = cls._cache.get(key)
+            if found is None:
+                try:
+                    settings = RedisSettings(url=url, socket_timeout=socket_timeout)
+                except ValueError as exc:
+                    raise ConfigError(f"bad redis url: {exc}") from None
+                client = connect_sync(settings, client_name=f"commitfleet-producer-{os.getpid()}")
+                found = cls(client, fleet, shards, secret=secret, maxlen=maxlen)
+                cls._cache[key] = found
+            return found
+
+    @classmethod
+    def close_cached(cls) -> None:
+        """Close and forget every cached publisher of this process (tests, clean shutdown)."""
+        with cls._cache_lock:
+            publishers, cls._cache = list(cls._cache.values()), {}
+        for pub in publishers:
+            pub.close()
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self.redis.close()
+
+    def _check_fleet(self) -> None:
+        if not self._checked:
+            retry_sync(lambda: ensure_fleet_sync(self.redis, self.keys.fleet, self.shards), self.policy)
+            self._checked = True
+
+    def publish(self, ev: QueueEvent) -> list[bytes]:
+        """Publish one event (see :meth:`AsyncPublisher.publish`); returns the new stream ids.
+
+        Raises:
+            TransientError: Redis stayed unreachable for the whole retry policy.
+            ConfigError: the fleet has another shard count, or bad credentials.
+        """
+        return self.publish_fields(plan_entries([ev], self.shards, secret=self.secret))
+
+    def publish_many(self, evs: Iterable[QueueEvent], *, batch: int = DEFAULT_BATCH) -> list[bytes]:
+        """Publish events in pipelined batches, order per shard kept; returns the new stream ids."""
+        return self.publish_fields(plan_entries(evs, self.shards, secret=self.secret), batch=batch)
+
+    def publish_fields(
+        self, items: Sequence[tuple[int, Fields]], *, batch: int = DEFAULT_BATCH
+    ) -> list[bytes]:
+        """Raw layer: XADD ready-made entry fields to the given shards; returns the new stream ids."""
+        self._check_fleet()
+        ids: list[bytes] = []
+        extra = _xadd_args(self.maxlen)
+        for chunk in _batches(items, batch):
+
+            def send(chunk: Sequence[tuple[int, Fields]] = chunk) -> list[bytes]:
+                with redis_errors("XADD"):
+                    pipe = self.redis.pipeline(transaction=False)
+                    for shard, fields in chunk:
+                        pipe.xadd(self.keys.events(shard), dict(fields), **extra)  # type: ignore[arg-type]
+                    return list(pipe.execute())
+
+            ids.extend(retry_sync(send, self.policy))
+        return ids
+
+
+__all__ = ["DEFAULT_BATCH", "AsyncPublisher", "SyncPublisher", "plan_entries", "retry_sync"]
