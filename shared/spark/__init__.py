@@ -1,0 +1,26 @@
+"""The PySpark producer side: a local session builder, the driver's job context and
+the executors' task writer.
+
+Importing this package does not import pyspark; functions that need it import it
+when they run, so workers and tools can import ``shared`` without a JVM.
+"""
+
+from ._config import ProducerConfig
+from ._job import JobCancelledError, JobContext, commit_job, new_job_id
+from ._session import local_spark_session
+from ._winners import TaskResult
+from ._writer import InjectedTaskFailure, WatermarkFn, Watermarks, max_watermark
+
+__all__ = [
+    "InjectedTaskFailure",
+    "JobCancelledError",
+    "JobContext",
+    "ProducerConfig",
+    "TaskResult",
+    "WatermarkFn",
+    "Watermarks",
+    "commit_job",
+    "local_spark_session",
+    "max_watermark",
+    "new_job_id",
+]

@@ -1,0 +1,86 @@
+"""What a PySpark job needs to publish to a commitfleet fleet."""
+
+from __future__ import annotations
+
+import msgspec
+
+from .._errors import ConfigError
+from .._settings import RedisSettings, Settings, StoreSettings
+
+
+class ProducerConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """Connection and job settings of a producer (driver and executors).
+
+    The value is pickled into every task, so it holds only plain settings.
+
+    - ``redis_url``: the fleet's Redis (``redis://``, ``rediss://``, ``unix://``).
+    - ``store_url``: the fleet's store root (``file:///``, ``s3://``, ``gs://``,
+      ``az://``); ``store`` carries endpoint and timeout settings for it.
+    - ``fleet`` / ``shards``: the fleet name and its shard count; with
+      ``shards=None`` the count recorded in Redis is used (the fleet must
+      exist), otherwise it is checked against (or recorded into) Redis.
+    - ``hmac_secret``: sign every message (empty: unsigned).
+    - ``job_timeout``: seconds after ``JobStarted`` at which the fleet aborts a
+      job that has not ended.
+    - ``app``: a free-text application name carried in ``JobStarted``.
+    - ``upload_concurrency``: staged files written at once by one task.
+    - ``redis_socket_timeout``: seconds per Redis command.
+    """
+
+    redis_url: str
+    store_url: str
+    fleet: str = "default"
+    shards: int | None = None
+    store: StoreSettings = msgspec.field(default_factory=StoreSettings)
+    hmac_secret: str = ""
+    job_timeout: float = 3600.0
+    app: str = ""
+    upload_concurrency: int = 8
+    redis_socket_timeout: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not self.store_url.startswith(("file://", "s3://", "gs://", "az://")):
+            raise ConfigError(f"store_url must start with file://, s3://, gs:// or az://: {self.store_url!r}")
+        if not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
+            raise ConfigError("redis_url must start with redis://, rediss:// or unix://")
+        if self.shards is not None and not 1 <= self.shards <= 16384:
+            raise ConfigError(f"shards must be between 1 and 16384, got {self.shards}")
+        if self.job_timeout <= 0:
+            raise ConfigError(f"job_timeout must be > 0, got {self.job_timeout}")
+        if self.upload_concurrency < 1:
+            raise ConfigError(f"upload_concurrency must be >= 1, got {self.upload_concurrency}")
+
+    @classmethod
+    def from_settings(
+        cls, settings: Settings, *, job_timeout: float | None = None, app: str = ""
+    ) -> ProducerConfig:
+        """Return the producer config that a fleet's :class:`~shared.Settings` describe.
+
+        ``job_timeout`` defaults to ``worker.job_timeout``.
+
+        Raises:
+            ConfigError: ``store.url`` is empty or a value is out of range.
+        """
+        return cls(
+            redis_url=settings.redis.url,
+            store_url=settings.store.url,
+            fleet=settings.fleet.name,
+            shards=settings.fleet.shards,
+            store=settings.store,
+            hmac_secret=settings.security.hmac_secret,
+            job_timeout=settings.worker.job_timeout if job_timeout is None else job_timeout,
+            app=app,
+            redis_socket_timeout=settings.redis.socket_timeout,
+        )
+
+    @property
+    def redis_settings(self) -> RedisSettings:
+        """The Redis connection settings this config implies."""
+        return RedisSettings(url=self.redis_url, socket_timeout=self.redis_socket_timeout)
+
+    def with_shards(self, shards: int) -> ProducerConfig:
+        """Return a copy whose shard count is fixed to ``shards``."""
+        return msgspec.structs.replace(self, shards=shards)
+
+
+__all__ = ["ProducerConfig"]

@@ -1,0 +1,342 @@
+"""Driver side: one Spark job run as one commitfleet job (begin, tasks, commit or abort).
+
+::
+
+    with commit_job(spark, datasets=["orders", "customers"], config=cfg) as job:
+        job.write_dataset(orders_df, "orders", watermarks=max_watermark("updated_at"))
+        job.write_dataset(customers_df, "customers", partition_by=["country"])
+
+On entry ``JobStarted`` is published and the thread's Spark job group is set
+to the job id (``interruptOnCancel=True``), so the job's actions can be
+cancelled. ``write_dataset`` runs one action whose tasks stage Parquet and
+publish ``TaskFinished``; what the action returns names the winning attempt
+of each task. On a clean exit ``JobFinished`` carries, per dataset, the task
+count and the winners. On an exception the job group is cancelled (so
+Ctrl-C really stops the Spark job), ``JobCancelled`` or ``JobFailed`` is
+published, and the exception is re-raised. Staged files of a failed job stay
+where they are: the fleet cleans them up.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import secrets
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from .._errors import BadInput, CommitfleetError
+from ..events import (
+    DEFAULT_DATASET_PATTERN,
+    DatasetExpectation,
+    JobCancelled,
+    JobFailed,
+    JobFinished,
+    JobStarted,
+    QueueEvent,
+    check_dataset_segment,
+    check_job,
+)
+from ._config import ProducerConfig
+from ._partitions import check_partition_columns
+from ._publishing import publisher_for, resolve_shards
+from ._winners import TaskResult, expectation_from_results, looks_cancelled
+from ._writer import Watermarks, WriteSpec, write_partition
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger(__name__)
+
+_DATASET_RE = re.compile(DEFAULT_DATASET_PATTERN)
+_MAX_REASON = 2000
+_GROUP_KEYS = ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel")
+
+
+class JobCancelledError(CommitfleetError):
+    """The commitfleet job was cancelled (``JobContext.cancel``) before or between actions."""
+
+
+def new_job_id(app: str = "") -> str:
+    """Return a fresh job id: ``<app>-<UTC time>-<random>`` (matches the contract's job pattern)."""
+    stem = re.sub(r"[^A-Za-z0-9_.-]", "-", app)[:60].strip("-._") or "job"
+    return f"{stem}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{secrets.token_hex(4)}"
+
+
+def check_datasets(datasets: Iterable[str]) -> tuple[str, ...]:
+    """Return the job's dataset names, checked.
+
+    Raises:
+        BadInput: none given, a repeat, or a name outside the contract's
+            default dataset pattern.
+    """
+    names = tuple(datasets)
+    if not names:
+        raise BadInput("a job needs at least one dataset")
+    if len(set(names)) != len(names):
+        raise BadInput(f"datasets repeat a name: {list(names)}")
+    for name in names:
+        check_dataset_segment(name)
+        if not _DATASET_RE.fullmatch(name):
+            raise BadInput(f"dataset {name!r} does not match {DEFAULT_DATASET_PATTERN}")
+    return names
+
+
+def _reason(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}".strip()
+    return text if len(text) <= _MAX_REASON else text[: _MAX_REASON - 3] + "..."
+
+
+class JobContext:
+    """One open commitfleet job on the driver (made by :func:`commit_job`).
+
+    Thread safety: :meth:`cancel` may be called from any thread; the other
+    methods belong to the thread that opened the job.
+    """
+
+    def __init__(self, spark: SparkSession, job_id: str, datasets: tuple[str, ...], config: ProducerConfig):
+        self._spark = spark
+        self._job_id = job_id
+        self._datasets = datasets
+        self._config = config
+        self._expectations: dict[str, DatasetExpectation] = {}
+        self._lock = threading.Lock()
+        self._cancel_reason: str | None = None
+
+    @property
+    def job_id(self) -> str:
+        """The job id (also the Spark job group of its actions)."""
+        return self._job_id
+
+    @property
+    def datasets(self) -> tuple[str, ...]:
+        """The datasets the job declared in ``JobStarted``."""
+        return self._datasets
+
+    @property
+    def config(self) -> ProducerConfig:
+        """The producer config, with the fleet's shard count resolved."""
+        return self._config
+
+    @property
+    def expectations(self) -> dict[str, DatasetExpectation]:
+        """What ``JobFinished`` will promise so far: dataset -> tasks and winners (a copy)."""
+        return dict(self._expectations)
+
+    @property
+    def cancel_reason(self) -> str | None:
+        """Why :meth:`cancel` was called, or None."""
+        with self._lock:
+            return self._cancel_reason
+
+    def write_dataset(
+        self,
+        df: DataFrame,
+        dataset: str,
+        *,
+        watermarks: Watermarks = None,
+        partition_by: Sequence[str] | None = None,
+        compression: str = "snappy",
+        fail_once_tasks: Iterable[int] = (),
+    ) -> list[TaskResult]:
+        """Stage ``df`` as the job's output for ``dataset``: one Spark action, one task per partition.
+
+        Each task writes its rows as Parquet (one file, or one per
+        ``partition_by`` value combination under ``col=value/``) into
+        ``_staging/<job>/<dataset>/<task>-<attempt>/`` and publishes
+        ``TaskFinished`` with the files and ``watermarks`` (a mapping for every
+        task, or ``fn(task, partition_table) -> mapping``, e.g.
+        :func:`max_watermark`).
+
+        ``fail_once_tasks`` is FAULT INJECTION, for tests and the demo only:
+        attempt 0 of each listed task index raises after it published, so
+        Spark retries it (needs a master with retries, e.g. ``local[2,2]``).
+
+        Returns:
+            The winning attempt of each task with its files, by task index.
+            The dataset's expectation is recorded for ``JobFinished``.
+
+        Raises:
+            BadInput: unknown or already written dataset, bad ``partition_by``.
+            JobCancelledError: :meth:`cancel` was called before the action.
+            Whatever the Spark action raises (a failed task after its retries,
+            or the cancellation of the job group).
+
+        Blocks for the whole action; :meth:`cancel` from another thread (or
+        Ctrl-C, which ``commit_job`` turns into a cancel) interrupts it.
+        """
+        if dataset not in self._datasets:
+            raise BadInput(f"dataset {dataset!r} was not declared for job {self._job_id}")
+        if dataset in self._expectations:
+            raise BadInput(f"dataset {dataset!r} was already written by job {self._job_id}")
+        self._raise_if_cancelled()
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        columns = check_partition_columns(partition_by or (), df.schema.names)
+        spec = WriteSpec(
+            job=self._job_id,
+            dataset=dataset,
+            config=self._config,
+            arrow_schema=to_arrow_schema(df.schema, timezone="UTC"),
+            partition_by=columns,
+            watermarks=watermarks,
+            fail_once_tasks=frozenset(fail_once_tasks),
+            compression=compression,
+        )
+        self._set_job_group(f"commitfleet {self._job_id}: {dataset}")
+
+        def run(rows: Iterable[Any]) -> Iterable[TaskResult]:
+            return write_partition(spec, rows)
+
+        results = df.rdd.mapPartitions(run).collect()
+        self._raise_if_cancelled()
+        expectation = expectation_from_results(dataset, results)
+        self._expectations[dataset] = expectation
+        return sorted(results, key=lambda r: r.task)
+
+    def cancel(self, reason: str = "cancelled") -> None:
+        """Cancel the job: interrupt its running Spark action (from any thread).
+
+        The thread inside ``commit_job`` then sees the action fail, and
+        ``JobCancelled`` with ``reason`` is published on the way out. A later
+        ``write_dataset`` raises :class:`JobCancelledError`. Idempotent: the
+        first reason is kept.
+        """
+        with self._lock:
+            if self._cancel_reason is None:
+                self._cancel_reason = reason
+        self._spark.sparkContext.cancelJobGroup(self._job_id)
+
+    # -- internals --------------------------------------------------------------
+
+    def _raise_if_cancelled(self) -> None:
+        reason = self.cancel_reason
+        if reason is not None:
+            raise JobCancelledError(f"job {self._job_id} was cancelled: {reason}")
+
+    def _set_job_group(self, description: str) -> None:
+        # Job groups are per thread (PySpark pins Python threads to JVM
+        # threads), so they are set again by whichever thread runs the action.
+        self._spark.sparkContext.setJobGroup(self._job_id, description, interruptOnCancel=True)
+
+    def _group_properties(self) -> dict[str, str | None]:
+        sc = self._spark.sparkContext
+        return {k: sc.getLocalProperty(k) for k in _GROUP_KEYS}
+
+    def _restore_group_properties(self, saved: Mapping[str, str | None]) -> None:
+        sc = self._spark.sparkContext
+        for key, value in saved.items():
+            sc.setLocalProperty(key, value)  # type: ignore[arg-type]  # None removes the property
+
+    def _publish(self, ev: QueueEvent) -> None:
+        publisher_for(self._config).publish(ev)
+
+    def _check_complete(self) -> None:
+        missing = [d for d in self._datasets if d not in self._expectations]
+        if missing:
+            raise BadInput(f"job {self._job_id} ended without writing datasets {missing}")
+
+    def _publish_finished(self) -> None:
+        self._publish(
+            JobFinished(
+                job=self._job_id,
+                datasets={d: self._expectations[d] for d in self._datasets},
+                finished_at=time.time(),
+            )
+        )
+
+    def _abort(self, exc: BaseException) -> None:
+        """Cancel the Spark job group and publish JobCancelled or JobFailed for ``exc``."""
+        from py4j.protocol import Py4JError
+
+        try:
+            self._spark.sparkContext.cancelJobGroup(self._job_id)
+        except Py4JError as cancel_exc:  # the JVM may be gone; the abort still goes out
+            log.warning("could not cancel Spark job group %s: %s", self._job_id, cancel_exc)
+        requested = self.cancel_reason
+        reason = _reason(exc)
+        if requested is not None or isinstance(exc, KeyboardInterrupt) or looks_cancelled(reason):
+            why = requested or (
+                "interrupted (KeyboardInterrupt)" if isinstance(exc, KeyboardInterrupt) else reason
+            )
+            ev: QueueEvent = JobCancelled(
+                job=self._job_id, datasets=list(self._datasets), reason=why, cancelled_at=time.time()
+            )
+        else:
+            ev = JobFailed(
+                job=self._job_id, datasets=list(self._datasets), reason=reason, failed_at=time.time()
+            )
+        try:
+            self._publish(ev)
+        except CommitfleetError as pub_exc:  # never hide the job's own error behind this one
+            log.exception("could not publish %s for job %s", type(ev).__name__, self._job_id)
+            exc.add_note(
+                f"commitfleet: publishing {type(ev).__name__} failed ({pub_exc}); "
+                "the fleet will abort the job at its timeout"
+            )
+
+
+@contextmanager
+def commit_job(
+    spark: SparkSession,
+    job_id: str | None = None,
+    datasets: Iterable[str] = (),
+    *,
+    config: ProducerConfig,
+) -> Iterator[JobContext]:
+    """Open a commitfleet job around Spark actions; see the module docstring.
+
+    ``job_id`` defaults to :func:`new_job_id` (``<app>-<time>-<random>``);
+    a retried run of a pipeline must use a new id.
+
+    Yields:
+        The :class:`JobContext` to write datasets through.
+
+    Raises:
+        BadInput: bad job id or dataset names; on exit, a declared dataset was
+            never written (the job is then published as failed).
+        ConfigError: the fleet's shard count cannot be resolved.
+        TransientError: Redis unreachable when publishing JobStarted (nothing
+            ran) or JobFinished (then the fleet aborts the job at its timeout).
+        JobCancelledError: :meth:`JobContext.cancel` was called and the body
+            ended without another error (``JobCancelled`` was published).
+        Whatever the body raises, after ``JobFailed`` / ``JobCancelled``.
+    """
+    job = job_id or new_job_id(config.app)
+    try:
+        check_job(job)
+    except BadInput as exc:
+        raise BadInput(f"bad job id: {exc}") from None
+    names = check_datasets(datasets)
+    resolved = resolve_shards(config)
+    ctx = JobContext(spark, job, names, resolved)
+    saved = ctx._group_properties()
+    ctx._publish(
+        JobStarted(
+            job=job,
+            datasets=list(names),
+            timeout_s=resolved.job_timeout,
+            started_at=time.time(),
+            app=resolved.app,
+        )
+    )
+    try:
+        ctx._set_job_group(f"commitfleet {job}")
+        try:
+            yield ctx
+            ctx._raise_if_cancelled()
+            ctx._check_complete()
+        except BaseException as exc:
+            ctx._abort(exc)
+            raise
+        # Not inside the abort path: JobFinished may have reached some shards
+        # when publishing fails, and a JobFailed after it would split the job.
+        ctx._publish_finished()
+    finally:
+        ctx._restore_group_properties(saved)
+
+
+__all__ = ["JobCancelledError", "JobContext", "check_datasets", "commit_job", "new_job_id"]

@@ -1,0 +1,285 @@
+"""Executor side: write one partition as staged Parquet, then publish ``TaskFinished``.
+
+:func:`write_partition` runs inside a Spark task (``rdd.mapPartitions``). It
+
+1. converts the partition's rows to Arrow (in batches) and splits them by the
+   ``partition_by`` columns into Hive-style folders;
+2. writes each part as Parquet into the attempt's staging folder
+   ``_staging/<job>/<dataset>/<task>-<attempt>/`` through the object-store
+   port, several files at once. Writes are create-if-absent: Spark numbers
+   attempts from 0 again when it re-runs a whole stage (lost shuffle output),
+   and a leftover attempt of the old stage attempt must make the new one fail
+   and retry under the next number rather than overwrite its files. (Such
+   attempts fail while reading their input, before they stage anything, so
+   in practice the numbers do not meet.)
+3. publishes ``TaskFinished`` with the files (size, MD5) and the watermarks;
+4. yields one :class:`~._winners.TaskResult` (also for an empty partition), so
+   the action's result holds exactly one winning attempt per task.
+
+Clients (store, Redis) are cached per Python worker process, not per task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import hashlib
+import io
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .._errors import BadInput, CommitfleetError, TransientError
+from ..events import StagedFile, TaskFinished, staged_key
+from ..storage import ObjectStore
+from ._config import ProducerConfig
+from ._executor_runtime import process_runtime
+from ._partitions import split_table
+from ._publishing import publisher_for
+from ._winners import TaskResult
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+WatermarkFn = Callable[[int, "pa.Table"], Mapping[str, int]]
+"""``fn(task_index, partition_table) -> {name: value}``, called inside the task."""
+
+Watermarks = Mapping[str, int] | WatermarkFn | None
+"""Per-task watermarks: the same mapping for every task, or a function of the task's data."""
+
+PART_NAME = "part-0.parquet"
+
+
+class InjectedTaskFailure(CommitfleetError):
+    """Raised on purpose by the ``fail_once_tasks`` fault-injection knob (tests and demo only)."""
+
+
+@dataclass(frozen=True)
+class WriteSpec:
+    """Everything a task needs to stage its partition; pickled into every task.
+
+    ``fail_once_tasks`` is FAULT INJECTION for tests and the demo: attempt 0
+    of each listed task raises :class:`InjectedTaskFailure` *after* it staged
+    its files and published ``TaskFinished``, so Spark retries the task and two
+    published attempts exist.
+    """
+
+    job: str
+    dataset: str
+    config: ProducerConfig
+    arrow_schema: pa.Schema
+    partition_by: tuple[str, ...] = ()
+    watermarks: Watermarks = None
+    fail_once_tasks: frozenset[int] = field(default_factory=frozenset)
+    compression: str = "snappy"
+    batch_rows: int = 65_536
+
+
+def max_watermark(column: str, name: str | None = None) -> WatermarkFn:
+    """Return a watermark function: the maximum of ``column`` in each task's partition.
+
+    Integers are taken as they are, timestamps as microseconds since the Unix
+    epoch (naive ones read as UTC), dates as days since the epoch. A partition
+    where the column is empty or all null reports no watermark.
+    """
+    key = name or column
+
+    def compute(task: int, table: pa.Table) -> Mapping[str, int]:
+        import pyarrow.compute as pc
+
+        del task
+        value = pc.max(table.column(column)).as_py() if table.num_rows else None
+        return {} if value is None else {key: watermark_int(value)}
+
+    return compute
+
+
+def watermark_int(value: Any) -> int:
+    """Return ``value`` as a watermark integer (see :func:`max_watermark`).
+
+    Raises:
+        BadInput: not an int, datetime or date.
+    """
+    if isinstance(value, bool):
+        raise BadInput("a watermark cannot be a boolean")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, dt.datetime):
+        aware = value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+        return (aware - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)) // dt.timedelta(microseconds=1)
+    if isinstance(value, dt.date):
+        return (value - dt.date(1970, 1, 1)).days
+    raise BadInput(f"a watermark must be an int, datetime or date, not {type(value).__name__}")
+
+
+def rows_to_table(rows: list[Any], schema: pa.Schema) -> pa.Table:
+    """Return Spark ``Row`` objects (tuples in schema order) as an Arrow table.
+
+    Timestamps with a time zone come from PySpark as naive local times; they
+    are made aware first so the instant is kept whatever the worker's zone.
+    """
+    import pyarrow as pa
+
+    if not rows:
+        return schema.empty_table()
+    columns = list(zip(*rows, strict=True))
+    arrays = []
+    for i, f in enumerate(schema):
+        values: Iterable[Any] = columns[i]
+        if pa.types.is_timestamp(f.type) and f.type.tz is not None:
+            values = [v.astimezone(dt.UTC) if v is not None and v.tzinfo is None else v for v in values]
+        elif _is_nested(f.type):
+            values = [_plain(v) for v in values]
+        arrays.append(pa.array(values, type=f.type))
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _is_nested(t: pa.DataType) -> bool:
+    import pyarrow as pa
+
+    return bool(pa.types.is_nested(t))
+
+
+def _plain(value: Any) -> Any:
+    # Spark Rows (tuples with field names) inside structs and lists become dicts.
+    as_dict = getattr(value, "asDict", None)
+    if as_dict is not None:
+        return {k: _plain(v) for k, v in as_dict().items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def _parquet_bytes(table: pa.Table, compression: str) -> bytes:
+    import pyarrow.parquet as pq
+
+    buf = io.BytesIO()
+    pq.write_table(table, buf, compression=compression)
+    return buf.getvalue()
+
+
+def encode_partition(
+    rows: Iterable[Any], spec: WriteSpec, task: int
+) -> tuple[dict[str, bytes], dict[str, int]]:
+    """Return the partition's staged files (relative path -> Parquet bytes) and its watermarks.
+
+    An empty partition gives no files.
+
+    Raises:
+        BadInput: a watermark function returned a bad value.
+    """
+    import pyarrow as pa
+
+    batches: list[pa.Table] = []
+    chunk: list[Any] = []
+    for row in rows:
+        chunk.append(row)
+        if len(chunk) >= spec.batch_rows:
+            batches.append(rows_to_table(chunk, spec.arrow_schema))
+            chunk = []
+    if chunk or not batches:
+        batches.append(rows_to_table(chunk, spec.arrow_schema))
+    table = pa.concat_tables(batches) if len(batches) > 1 else batches[0]
+
+    files: dict[str, bytes] = {}
+    if table.num_rows:
+        for folder, part in split_table(table, spec.partition_by):
+            files[folder + PART_NAME] = _parquet_bytes(part, spec.compression)
+
+    wm = spec.watermarks
+    marks: Mapping[str, int] = wm(task, table) if callable(wm) else (wm or {})
+    checked: dict[str, int] = {}
+    for name, value in marks.items():
+        if not isinstance(name, str) or not name or isinstance(value, bool) or not isinstance(value, int):
+            raise BadInput(f"watermark {name!r}={value!r}: names are non-empty strings, values ints")
+        checked[name] = value
+    return files, checked
+
+
+async def upload_files(
+    store: ObjectStore, prefix_of: Callable[[str], str], files: Mapping[str, bytes], concurrency: int
+) -> list[StagedFile]:
+    """Write every file create-if-absent, at most ``concurrency`` at once; return them as StagedFiles.
+
+    Raises:
+        PreconditionFailed: a file of this attempt already exists.
+        TransientError: the store failed, or reported another size than written.
+
+    Cancellation cancels the outstanding writes (the TaskGroup awaits them).
+    """
+    sem = asyncio.Semaphore(concurrency)
+    staged: dict[str, StagedFile] = {}
+
+    async def one(rel: str, data: bytes) -> None:
+        async with sem:
+            info = await store.write_if_absent(prefix_of(rel), data)
+        if info.size != len(data):
+            raise TransientError(f"store reports {info.size} bytes for {rel}, wrote {len(data)}")
+        staged[rel] = StagedFile(
+            path=rel, size=len(data), md5=hashlib.md5(data, usedforsecurity=False).hexdigest()
+        )
+
+    async with asyncio.TaskGroup() as tg:
+        for rel, data in files.items():
+            tg.create_task(one(rel, data))
+    return [staged[rel] for rel in sorted(staged)]
+
+
+def write_partition(spec: WriteSpec, rows: Iterable[Any]) -> Iterator[TaskResult]:
+    """Stage this task's partition, publish ``TaskFinished``, and yield its one result.
+
+    Must run inside a Spark task. The task index is
+    ``TaskContext.partitionId()``, the attempt ``TaskContext.attemptNumber()``.
+
+    Raises (failing the task attempt, which Spark may retry):
+        TransientError / PreconditionFailed / OutcomeUnknown: staging or publishing failed.
+        BadInput: bad watermarks.
+        InjectedTaskFailure: fault injection (``spec.fail_once_tasks``), after publishing.
+    """
+    from pyspark import TaskContext
+
+    tc = TaskContext.get()
+    if tc is None:
+        raise RuntimeError("write_partition must run inside a Spark task")
+    task = tc.partitionId()
+    attempt = tc.attemptNumber()
+
+    files, marks = encode_partition(rows, spec, task)
+    runtime = process_runtime()
+    store = runtime.store(spec.config.store_url, spec.config.store)
+
+    def key_of(rel: str) -> str:
+        return staged_key(spec.job, spec.dataset, task, attempt, rel)
+
+    staged = runtime.run(upload_files(store, key_of, files, spec.config.upload_concurrency))
+    event = TaskFinished(
+        job=spec.job,
+        dataset=spec.dataset,
+        task=task,
+        attempt=attempt,
+        files=staged,
+        watermarks=marks,
+        finished_at=time.time(),
+    )
+    publisher_for(spec.config).publish(event)
+    if task in spec.fail_once_tasks and attempt == 0:
+        raise InjectedTaskFailure(f"fault injection: task {task} attempt 0 fails after publishing")
+    yield TaskResult(task=task, attempt=attempt, files=staged)
+
+
+__all__ = [
+    "InjectedTaskFailure",
+    "PART_NAME",
+    "WatermarkFn",
+    "Watermarks",
+    "WriteSpec",
+    "encode_partition",
+    "max_watermark",
+    "rows_to_table",
+    "upload_files",
+    "watermark_int",
+    "write_partition",
+]
