@@ -39,7 +39,7 @@ class WorkerJoined(_AdminEvent, frozen=True, kw_only=True, tag="worker_joined"):
 
 
 class WorkerLeft(_AdminEvent, frozen=True, kw_only=True, tag="worker_left"):
-    """A worker left: ``reason`` is e.g. ``"shutdown"`` or ``"lease_expired"``."""
+    """A worker left: ``reason`` is e.g. ``shutdown`` or ``lease_expired``."""
 
     reason: str = ""
 

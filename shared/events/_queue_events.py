@@ -24,7 +24,13 @@ JOB_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
 DEFAULT_DATASET_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.=-]{0,127}$"
 """The default of ``security.dataset_pattern``; a fleet may configure a stricter one."""
 
-Version = Annotated[int, msgspec.Meta(description="Schema version of this event; this contract is v1.")]
+Version = Annotated[
+    int,
+    msgspec.Meta(
+        description="Schema version of this event; this contract is v1.",
+        extra_json_schema={"const": SCHEMA_VERSION},
+    ),
+]
 JobId = Annotated[
     str,
     msgspec.Meta(
@@ -41,8 +47,14 @@ DatasetName = Annotated[
     ),
 ]
 Timestamp = Annotated[float, msgspec.Meta(ge=0, description="Seconds since the Unix epoch (UTC).")]
-Index = Annotated[int, msgspec.Meta(ge=0)]
-Size = Annotated[int, msgspec.Meta(ge=0, description="Size in bytes.")]
+# Bounds are the JVM's (Spark task indexes and attempts are Java ints, sizes and
+# watermarks longs), so every valid message is also valid for a JVM producer.
+INT32_MAX: Final = 2**31 - 1
+INT64_MIN: Final = -(2**63)
+INT64_MAX: Final = 2**63 - 1
+Index = Annotated[int, msgspec.Meta(ge=0, le=INT32_MAX)]
+Size = Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX, description="Size in bytes.")]
+WatermarkValue = Annotated[int, msgspec.Meta(ge=INT64_MIN, le=INT64_MAX)]
 Md5 = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{32}$", description="Lowercase hex MD5 of the content.")]
 RelPath = Annotated[
     str,
@@ -54,6 +66,10 @@ RelPath = Annotated[
     ),
 ]
 WatermarkName = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+# Non-empty and duplicate-free, enforced by the validator (reason "inconsistent").
+DatasetList = Annotated[
+    list[DatasetName], msgspec.Meta(extra_json_schema={"minItems": 1, "uniqueItems": True})
+]
 
 
 class StagedFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -89,7 +105,7 @@ class _QueueEvent(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
 class JobStarted(_QueueEvent, frozen=True, kw_only=True, tag="job_started"):
     """Begin: the job is open and its timeout starts at ``started_at``."""
 
-    datasets: list[DatasetName]
+    datasets: DatasetList
     timeout_s: Annotated[float, msgspec.Meta(gt=0, description="Abort the job if it has not ended by then.")]
     started_at: Timestamp
     app: str = ""
@@ -102,21 +118,23 @@ class TaskFinished(_QueueEvent, frozen=True, kw_only=True, tag="task_finished"):
     task: Index
     attempt: Index
     files: list[StagedFile]
-    watermarks: dict[WatermarkName, int] = {}
+    watermarks: dict[WatermarkName, WatermarkValue] = {}
     finished_at: Timestamp
 
 
 class JobFinished(_QueueEvent, frozen=True, kw_only=True, tag="job_finished"):
     """Commit: the job succeeded; per dataset, how many tasks (and which attempts) to commit."""
 
-    datasets: dict[DatasetName, DatasetExpectation]
+    datasets: Annotated[
+        dict[DatasetName, DatasetExpectation], msgspec.Meta(extra_json_schema={"minProperties": 1})
+    ]
     finished_at: Timestamp
 
 
 class JobFailed(_QueueEvent, frozen=True, kw_only=True, tag="job_failed"):
     """Abort: the job failed; its staged output is cleaned up."""
 
-    datasets: list[DatasetName]
+    datasets: DatasetList
     reason: str
     failed_at: Timestamp
 
@@ -124,7 +142,7 @@ class JobFailed(_QueueEvent, frozen=True, kw_only=True, tag="job_failed"):
 class JobCancelled(_QueueEvent, frozen=True, kw_only=True, tag="job_cancelled"):
     """Abort: the job was cancelled; its staged output is cleaned up."""
 
-    datasets: list[DatasetName]
+    datasets: DatasetList
     reason: str
     cancelled_at: Timestamp
 

@@ -7,6 +7,7 @@ no longer match the types.
 
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
 from typing import Any, Final
@@ -22,8 +23,16 @@ ADMIN_SCHEMA_FILE: Final = SCHEMA_DIR / "admin-events.schema.json"
 _DIALECT: Final = "https://json-schema.org/draft/2020-12/schema"
 
 
+def _plain(text: str) -> str:
+    # Docstrings become descriptions: drop their indentation and reST quoting.
+    return inspect.cleandoc(text).replace("``", "'")
+
+
 def _schema(tp: Any, title: str, description: str) -> dict[str, Any]:
     schema: dict[str, Any] = msgspec.json.schema(tp)
+    for definition in schema.get("$defs", {}).values():
+        if "description" in definition:
+            definition["description"] = _plain(definition["description"])
     schema["$schema"] = _DIALECT
     schema["title"] = title
     schema["description"] = description
