@@ -123,9 +123,9 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
     note: str = ""
 
 
-def attempt_field(dataset: str, task: int, attempt: int) -> str:
-    """Return the Redis hash field of one attempt record: ``<dataset>/<task>/<attempt>``."""
-    return f"{dataset}/{task}/{attempt}"
+def attempt_field(job: str, dataset: str, task: int, attempt: int) -> str:
+    """Return the Redis hash field of one attempt record: ``<job>/<dataset>/<task>/<attempt>``."""
+    return f"{job}/{dataset}/{task}/{attempt}"
 
 
 class ShardJobs:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coordinator._assignment import Assignment, Slot, balanced_targets, moved_count, rebalance
+from shared.fleet._assignment import Assignment, Slot, balanced_targets, moved_count, rebalance
 
 
 def _settle(a: Assignment, live: set[str], leader: int = 1) -> Assignment:

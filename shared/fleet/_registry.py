@@ -1,0 +1,218 @@
+"""The fleet's shared records in Redis: membership, the assignment, handoffs, owner tokens.
+
+Keys (``Keys.fleet_key`` / ``Keys.shard_state``)::
+
+    cf:<fleet>:workers                 set of registered worker ids
+    cf:<fleet>:worker.<id>             the worker's lease (JSON WorkerInfo, expires after worker.lease)
+    cf:<fleet>:assignment              hash {epoch, doc}: the Assignment, replaced by compare-and-swap
+    cf:<fleet>:handoff                 hash shard -> worker that confirmed it stopped the shard
+    cf:<fleet>:leader                  the leading coordinator's id (expires with its lease)
+    cf:<fleet>:{s<n>}:state:owner      the shard's owner token "<worker>@<epoch>"
+
+A worker writes its own lease and its handoff confirmations; the leading
+coordinator writes the assignment and the owner tokens. The owner token fences
+a shard's Redis state: a worker writes shard state only while the token is the
+one it started the shard with.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import socket
+import time
+
+import msgspec
+import redis.asyncio
+
+from .._errors import ConfigError
+from ..queue import Keys, redis_errors
+from ._assignment import Assignment
+
+_ID_BAD = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """What a worker tells the fleet about itself (the value of its lease key)."""
+
+    v: int = 1
+    id: str
+    host: str
+    pid: int
+    started_at: float
+    heartbeat_at: float
+
+
+_dec_info = msgspec.json.Decoder(WorkerInfo)
+_dec_assignment = msgspec.json.Decoder(Assignment)
+_enc = msgspec.json.Encoder()
+
+# Replace the assignment only if its epoch is still the one we read.
+_CAS_ASSIGNMENT = """
+local cur = redis.call('HGET', KEYS[1], 'epoch')
+if (cur or '0') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'epoch', ARGV[2], 'doc', ARGV[3])
+return 1
+"""
+
+
+def new_worker_id(prefix: str = "") -> str:
+    """Return a fresh id ``<host>-<pid>-<random>`` (safe in key names), or ``<prefix>`` when given."""
+    raw = prefix or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+    wid = _ID_BAD.sub("-", raw)[:80]
+    if not wid:
+        raise ConfigError(f"bad worker id {prefix!r}")
+    return wid
+
+
+class FleetRegistry:
+    """Typed access to the fleet's membership and assignment records."""
+
+    def __init__(self, redis_client: redis.asyncio.Redis, keys: Keys) -> None:
+        self._r = redis_client
+        self.keys = keys
+        self._assignment = keys.fleet_key("assignment")
+        self._handoff = keys.fleet_key("handoff")
+        self._leader = keys.fleet_key("leader")
+
+    def _lease_key(self, worker: str) -> str:
+        return self.keys.fleet_key(f"worker.{worker}")
+
+    # -- membership -------------------------------------------------------------------
+
+    async def register(self, info: WorkerInfo, lease: float) -> None:
+        """Create or refresh the worker's lease and add it to the member set."""
+        with redis_errors("register worker"):
+            async with self._r.pipeline(transaction=True) as pipe:
+                pipe.set(self._lease_key(info.id), _enc.encode(info), px=int(lease * 1000))
+                pipe.sadd(self.keys.workers, info.id)
+                await pipe.execute()
+
+    async def renew(self, info: WorkerInfo, lease: float) -> bool:
+        """Extend the worker's lease; return False when it had already expired.
+
+        An expired lease means the fleet may have moved our shards: the caller
+        re-registers (:meth:`register`) and carries on, fenced by owner tokens.
+        """
+        with redis_errors("renew worker lease"):
+            ok = await self._r.set(self._lease_key(info.id), _enc.encode(info), px=int(lease * 1000), xx=True)
+        return bool(ok)
+
+    async def deregister(self, worker: str) -> None:
+        """Remove the worker's lease and membership (safe to call twice)."""
+        with redis_errors("deregister worker"):
+            async with self._r.pipeline(transaction=True) as pipe:
+                pipe.delete(self._lease_key(worker))
+                pipe.srem(self.keys.workers, worker)
+                await pipe.execute()
+
+    async def members(self) -> tuple[dict[str, WorkerInfo], set[str]]:
+        """Return (live workers by id, registered ids whose lease has expired)."""
+        with redis_errors("read members"):
+            ids = sorted(_text(m) for m in await self._r.smembers(self.keys.workers))
+            values = await self._r.mget([self._lease_key(w) for w in ids]) if ids else []
+        live: dict[str, WorkerInfo] = {}
+        dead: set[str] = set()
+        for wid, raw in zip(ids, values, strict=True):
+            if raw is None:
+                dead.add(wid)
+            else:
+                live[wid] = _dec_info.decode(raw)
+        return live, dead
+
+    async def forget(self, workers: set[str]) -> None:
+        """Drop expired workers from the member set."""
+        if workers:
+            with redis_errors("forget workers"):
+                await self._r.srem(self.keys.workers, *workers)
+
+    # -- assignment -------------------------------------------------------------------
+
+    async def assignment(self, shards: int) -> Assignment:
+        """Return the assignment in force (an empty one for a new fleet)."""
+        with redis_errors("read assignment"):
+            raw = await self._r.hget(self._assignment, "doc")
+        if raw is None:
+            return Assignment.empty(shards)
+        a = _dec_assignment.decode(raw)
+        if len(a.slots) != shards:
+            raise ConfigError(f"assignment has {len(a.slots)} shards, the fleet has {shards}")
+        return a
+
+    async def replace_assignment(self, before: Assignment, after: Assignment) -> bool:
+        """Write ``after`` if the stored epoch is still ``before.epoch``; return whether it was written."""
+        with redis_errors("write assignment"):
+            ok = await self._r.eval(
+                _CAS_ASSIGNMENT,
+                1,
+                self._assignment,
+                str(before.epoch),
+                str(after.epoch),
+                _enc.encode(after),
+            )
+        return bool(ok)
+
+    async def confirmations(self) -> dict[int, str]:
+        """Return shard -> worker that confirmed it stopped the shard."""
+        with redis_errors("read handoffs"):
+            raw = await self._r.hgetall(self._handoff)
+        return {int(k): _text(v) for k, v in raw.items()}
+
+    async def confirm_stopped(self, shard: int, worker: str) -> None:
+        """Record that ``worker`` stopped ``shard`` (the first step of a handoff)."""
+        with redis_errors("confirm handoff"):
+            await self._r.hset(self._handoff, str(shard), worker)
+
+    async def clear_confirmations(self, shards: list[int]) -> None:
+        """Forget handoff confirmations of shards whose move completed."""
+        if shards:
+            with redis_errors("clear handoffs"):
+                await self._r.hdel(self._handoff, *[str(s) for s in shards])
+
+    # -- owner tokens -----------------------------------------------------------------
+
+    async def owner_tokens(self, shards: int) -> list[bytes | None]:
+        """Return every shard's owner token (None where unset)."""
+        with redis_errors("read owner tokens"):
+            async with self._r.pipeline(transaction=False) as pipe:
+                for s in range(shards):
+                    pipe.get(self.keys.shard_state(s, "owner"))
+                return list(await pipe.execute())
+
+    async def set_owner_token(self, shard: int, owner: str, epoch: int) -> bytes:
+        """Set the shard's owner token to ``<owner>@<epoch>`` and return it."""
+        token = f"{owner}@{epoch}".encode()
+        with redis_errors("set owner token"):
+            await self._r.set(self.keys.shard_state(shard, "owner"), token)
+        return token
+
+    async def owner_token(self, shard: int) -> bytes | None:
+        """Return the shard's owner token (None when unset)."""
+        with redis_errors("read owner token"):
+            value = await self._r.get(self.keys.shard_state(shard, "owner"))
+        return value.encode() if isinstance(value, str) else value
+
+    # -- leader -----------------------------------------------------------------------
+
+    async def set_leader(self, coordinator: str, ttl: float) -> None:
+        """Advertise the leading coordinator (for status displays)."""
+        with redis_errors("set leader"):
+            await self._r.set(self._leader, coordinator, px=int(ttl * 1000))
+
+    async def leader(self) -> str | None:
+        """Return the advertised leading coordinator, if any."""
+        with redis_errors("read leader"):
+            raw = await self._r.get(self._leader)
+        return _text(raw) if raw else None
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def worker_info(worker: str, started_at: float) -> WorkerInfo:
+    """Return this process's WorkerInfo with a fresh heartbeat time."""
+    return WorkerInfo(
+        id=worker, host=socket.gethostname(), pid=os.getpid(), started_at=started_at, heartbeat_at=time.time()
+    )
