@@ -1,0 +1,78 @@
+"""The exactly-once commit core: commit steps, the write-ahead log, recovery, abort, audit.
+
+The worker's calls, each under the dataset's lock (it passes the lease):
+:func:`commit_dataset`, :func:`abort_dataset`, :func:`recover_dataset`;
+operators': :func:`retry_quarantined`, :func:`skip_quarantined`, :func:`audit`.
+See docs/commit.md.
+"""
+
+from ._abort import abort_dataset, cleanup_staged_attempt
+from ._audit import AuditReport, AuditViolation, ViolationKind, audit
+from ._commit import commit_dataset
+from ._errors import CommitStepFailed
+from ._execute import describe_step, execute_sequence
+from ._model import CommitRequest, Manifest, ManifestFile, StagedFile, WatermarksDoc, WinningAttempt
+from ._operator import retry_quarantined, skip_quarantined
+from ._plan import plan_commit
+from ._recovery import UnfinishedSequence, list_unfinished, recover_dataset
+from ._registry import DEFAULT_REGISTRY, StepRegistry, register_step_kind
+from ._results import AbortResult, CommitResult, RecoveryResult, SkipResult
+from ._steps import (
+    AdvanceWatermarks,
+    Cleanup,
+    CommitStep,
+    Phase,
+    PublishFile,
+    StepContext,
+    WriteManifest,
+    merge_watermarks,
+    read_manifest,
+    read_watermarks,
+)
+from ._wal import CommitSequence, decode_sequence, encode_sequence, read_sequence
+
+__all__ = [
+    "DEFAULT_REGISTRY",
+    "AbortResult",
+    "AdvanceWatermarks",
+    "AuditReport",
+    "AuditViolation",
+    "Cleanup",
+    "CommitRequest",
+    "CommitResult",
+    "CommitSequence",
+    "CommitStep",
+    "CommitStepFailed",
+    "Manifest",
+    "ManifestFile",
+    "Phase",
+    "PublishFile",
+    "RecoveryResult",
+    "SkipResult",
+    "StagedFile",
+    "StepContext",
+    "StepRegistry",
+    "UnfinishedSequence",
+    "ViolationKind",
+    "WatermarksDoc",
+    "WinningAttempt",
+    "WriteManifest",
+    "abort_dataset",
+    "audit",
+    "cleanup_staged_attempt",
+    "commit_dataset",
+    "decode_sequence",
+    "describe_step",
+    "encode_sequence",
+    "execute_sequence",
+    "list_unfinished",
+    "merge_watermarks",
+    "plan_commit",
+    "read_manifest",
+    "read_sequence",
+    "read_watermarks",
+    "recover_dataset",
+    "register_step_kind",
+    "retry_quarantined",
+    "skip_quarantined",
+]

@@ -1,0 +1,249 @@
+"""``audit``: an fsck for commits. Lists the store and reports every breach of the exactly-once rules.
+
+It reads only; it never repairs. Kinds of violation (``AuditViolation.kind``):
+
+- ``unlisted_file``: a published file that no manifest lists (and no
+  unfinished sequence is publishing).
+- ``missing_file``: a manifest lists a file that does not exist.
+- ``wrong_size`` / ``wrong_checksum``: a listed file differs from its listing.
+- ``listed_twice``: two manifests list the same file.
+- ``unreadable_manifest``, ``unreadable_watermarks``, ``unreadable_sequence``.
+- ``staged_leftover``: a staged file of an ended job: the job has a manifest
+  for that dataset (or is in ``ended_jobs``) and no sequence is running for it.
+- ``unfinished_sequence`` / ``quarantined_sequence``: a log under ``_wal/``.
+- ``watermark_behind``: a watermark below what a manifest committed (or missing).
+
+Locks under ``_locks/`` are fine to leave and are not reported.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Literal
+
+import msgspec
+
+from .._errors import BadInput, NotFound
+from ..events import commits_prefix, parse_staged_key, staging_prefix, wal_prefix, watermarks_key
+from ..storage import ObjectInfo, ObjectStore
+from ._errors import CommitStepFailed
+from ._registry import StepRegistry
+from ._steps import PublishFile, decode_manifest, merge_watermarks, read_watermarks
+from ._wal import decode_sequence
+
+# The service areas' top folders, taken from the one layout module.
+_STAGING_TOP = staging_prefix("j", "d").split("/", 1)[0]
+_WAL_TOP = wal_prefix().rstrip("/")
+
+ViolationKind = Literal[
+    "unlisted_file",
+    "missing_file",
+    "wrong_size",
+    "wrong_checksum",
+    "listed_twice",
+    "unreadable_manifest",
+    "unreadable_watermarks",
+    "unreadable_sequence",
+    "staged_leftover",
+    "unfinished_sequence",
+    "quarantined_sequence",
+    "watermark_behind",
+]
+
+
+class AuditViolation(msgspec.Struct, frozen=True, kw_only=True):
+    """One breach: its kind, the object key it concerns, and a one-line explanation."""
+
+    kind: ViolationKind
+    key: str
+    detail: str = ""
+
+
+class AuditReport(msgspec.Struct, frozen=True, kw_only=True):
+    """What :func:`audit` found, with the store's committed totals."""
+
+    violations: list[AuditViolation]
+    datasets: int
+    manifests: int
+    files: int
+    bytes: int
+
+    @property
+    def ok(self) -> bool:
+        """True when there is no violation."""
+        return not self.violations
+
+    def of_kind(self, kind: ViolationKind) -> list[AuditViolation]:
+        """Return the violations of one kind."""
+        return [v for v in self.violations if v.kind == kind]
+
+
+async def audit(
+    store: ObjectStore,
+    *,
+    ended_jobs: Iterable[str] = (),
+    registry: StepRegistry | None = None,
+) -> AuditReport:
+    """List the whole store and check it (see the module doc).
+
+    ``ended_jobs`` names jobs known to have ended (aborted or committed): any
+    staged file of theirs is a leftover unless a sequence of theirs is open.
+
+    Returns:
+        An :class:`AuditReport`; ``report.ok`` when the store is consistent.
+
+    Raises:
+        TransientError / OutcomeUnknown: from the store (run it again).
+    """
+    ended = set(ended_jobs)
+    out: list[AuditViolation] = []
+    published: dict[str, ObjectInfo] = {}
+    manifest_keys: list[str] = []
+    staged: list[ObjectInfo] = []
+    wal_keys: list[str] = []
+    datasets: set[str] = set()
+    async for info in store.list(""):
+        top, _, rest = info.key.partition("/")
+        if top == _STAGING_TOP:
+            staged.append(info)
+        elif top == _WAL_TOP:
+            wal_keys.append(info.key)
+        elif top.startswith(("_", ".")) or not rest:
+            continue  # _state, _locks, other service areas: checked below or fine
+        else:
+            try:
+                commits = commits_prefix(top)
+            except BadInput:
+                continue  # not a dataset folder
+            datasets.add(top)
+            if info.key.startswith(commits):
+                name = info.key[len(commits) :]
+                if name.endswith(".json") and "/" not in name:
+                    manifest_keys.append(info.key)
+            else:
+                published[info.key] = info
+
+    # Open sequences: what they are publishing is theirs, not "unlisted".
+    in_flight: set[str] = set()
+    open_jobs: set[tuple[str, str]] = set()
+    for key in wal_keys:
+        parts = key.split("/")
+        if len(parts) != 3 or not parts[2].endswith(".json"):
+            continue
+        dataset, job = parts[1], parts[2][: -len(".json")]
+        datasets.add(dataset)
+        open_jobs.add((dataset, job))
+        try:
+            seq = decode_sequence((await store.read(key)).data, registry)
+        except NotFound:
+            open_jobs.discard((dataset, job))
+            continue
+        except CommitStepFailed as exc:
+            out.append(AuditViolation(kind="unreadable_sequence", key=key, detail=str(exc)))
+            continue
+        in_flight.update(s.dst for s in seq.steps if isinstance(s, PublishFile))
+        if seq.quarantined is not None:
+            out.append(
+                AuditViolation(
+                    kind="quarantined_sequence",
+                    key=key,
+                    detail=f"attempts {seq.attempts}: {seq.quarantined}",
+                )
+            )
+        else:
+            out.append(
+                AuditViolation(
+                    kind="unfinished_sequence",
+                    key=key,
+                    detail=f"epoch {seq.epoch}, {len(seq.done)}/{len(seq.steps)} steps seen done",
+                )
+            )
+
+    committed: set[tuple[str, str]] = set()
+    listed_by: dict[str, str] = {}
+    marks: dict[str, dict[str, int]] = defaultdict(dict)
+    files = 0
+    total = 0
+    for key in manifest_keys:
+        dataset = key.split("/", 1)[0]
+        try:
+            manifest = decode_manifest((await store.read(key)).data, key)
+        except NotFound:
+            continue
+        except CommitStepFailed as exc:
+            out.append(AuditViolation(kind="unreadable_manifest", key=key, detail=str(exc)))
+            continue
+        committed.add((dataset, manifest.job))
+        marks[dataset] = merge_watermarks(marks[dataset], manifest.watermarks)
+        for f in manifest.files:
+            files += 1
+            total += f.size
+            if f.key in listed_by:
+                out.append(
+                    AuditViolation(kind="listed_twice", key=f.key, detail=f"by {listed_by[f.key]} and {key}")
+                )
+                continue
+            listed_by[f.key] = key
+            got = published.get(f.key)
+            if got is None:
+                out.append(AuditViolation(kind="missing_file", key=f.key, detail=f"listed by {key}"))
+            elif got.size != f.size:
+                out.append(
+                    AuditViolation(
+                        kind="wrong_size", key=f.key, detail=f"{got.size} bytes, {key} lists {f.size}"
+                    )
+                )
+            elif f.md5 and got.checksum and got.checksum.lower() != f.md5.lower():
+                out.append(
+                    AuditViolation(
+                        kind="wrong_checksum", key=f.key, detail=f"md5 {got.checksum}, {key} lists {f.md5}"
+                    )
+                )
+
+    for key in sorted(published):
+        if key not in listed_by and key not in in_flight:
+            out.append(AuditViolation(kind="unlisted_file", key=key, detail="no manifest lists it"))
+
+    for info in staged:
+        try:
+            parsed = parse_staged_key(info.key)
+        except BadInput:
+            continue  # not a staged file of the layout; not ours to judge
+        if (parsed.dataset, parsed.job) in open_jobs:
+            continue
+        if (parsed.dataset, parsed.job) in committed or parsed.job in ended:
+            out.append(
+                AuditViolation(
+                    kind="staged_leftover",
+                    key=info.key,
+                    detail=f"job {parsed.job} has ended for dataset {parsed.dataset}",
+                )
+            )
+
+    for dataset in sorted(marks):
+        wanted = marks[dataset]
+        if not wanted:
+            continue
+        key = watermarks_key(dataset)
+        try:
+            current = await read_watermarks(store, dataset)
+        except CommitStepFailed as exc:
+            out.append(AuditViolation(kind="unreadable_watermarks", key=key, detail=str(exc)))
+            continue
+        for name, value in sorted(wanted.items()):
+            if current.get(name, value - 1) < value:
+                out.append(
+                    AuditViolation(
+                        kind="watermark_behind",
+                        key=key,
+                        detail=f"{name} is {current.get(name)}, a manifest committed {value}",
+                    )
+                )
+
+    return AuditReport(
+        violations=out, datasets=len(datasets), manifests=len(committed), files=files, bytes=total
+    )
+
+
+__all__ = ["AuditReport", "AuditViolation", "ViolationKind", "audit"]
