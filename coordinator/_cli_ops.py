@@ -1,0 +1,135 @@
+"""The async bodies of the CLI's operator commands (status, events, retry/skip, audit)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import redis.asyncio
+from rich.console import Console
+
+from shared import ConfigError, Settings
+from shared.commit import AuditReport, audit, list_unfinished
+from shared.events import AdminEvent, OperatorAction, check_dataset_segment, check_job, encode_admin
+from shared.queue import Keys, connect, follow_admin, read_admin_range, redis_errors, shard_of
+from shared.storage import open_store
+
+from ._http import event_matches
+from ._status import fleet_status
+
+console = Console()
+
+
+@asynccontextmanager
+async def _redis(s: Settings) -> AsyncIterator[redis.asyncio.Redis]:
+    r = connect(s.redis, client_name="commitfleet-cli")
+    try:
+        yield r
+    finally:
+        await r.aclose()
+
+
+async def get_status(s: Settings) -> dict[str, Any]:
+    """Return the fleet's status document (quarantines from the store too, when configured)."""
+    async with _redis(s) as r:
+        if s.store.url:
+            async with open_store(s.store.url, s.store) as store:
+                return await fleet_status(r, Keys(s.fleet.name), s, store)
+        return await fleet_status(r, Keys(s.fleet.name), s)
+
+
+def _line(entry_id: bytes, ev: AdminEvent, as_json: bool) -> str:
+    if as_json:
+        return json.dumps({"id": entry_id.decode(), **json.loads(encode_admin(ev))})
+    tag = str(type(ev).__struct_config__.tag)
+    skip = {"v", "at", "type"}
+    fields = " ".join(
+        f"{k}={getattr(ev, k)}"
+        for k in ev.__struct_fields__
+        if k not in skip and getattr(ev, k) not in ("", None)
+    )
+    stamp = time.strftime("%H:%M:%S", time.localtime(ev.at))
+    return f"{stamp} {tag:<16} {fields}"
+
+
+async def print_events(
+    s: Settings,
+    *,
+    follow: bool,
+    types: set[str],
+    dataset: str | None,
+    job: str | None,
+    as_json: bool,
+    last: int,
+) -> None:
+    """Print the last ``last`` matching admin events, then follow when asked (until Ctrl-C)."""
+    keys = Keys(s.fleet.name)
+    async with _redis(s) as r:
+        start: bytes | str = "$"
+        if last > 0:
+            with redis_errors("XREVRANGE admin"):
+                rows: Any = await r.xrevrange(keys.admin, count=max(last * 20, 1000))
+            first = rows[-1][0] if rows else None
+            if first is not None:
+                shown = [
+                    (i, ev)
+                    for i, ev in await read_admin_range(r, keys, start=first)
+                    if event_matches(ev, types=types, dataset=dataset, job=job)
+                ][-last:]
+                for entry_id, ev in shown:
+                    print(_line(entry_id, ev, as_json), flush=True)
+                start = rows[0][0]
+        if not follow:
+            return
+        async for entry_id, ev in follow_admin(r, keys, from_id=start, block_ms=1000):
+            if event_matches(ev, types=types, dataset=dataset, job=job):
+                print(_line(entry_id, ev, as_json), flush=True)
+
+
+async def operator_request(s: Settings, dataset: str, job: str, op: str, *, wait_s: float) -> str:
+    """Ask the dataset's owner to ``retry`` or ``skip`` a quarantined sequence; wait for it.
+
+    The request is a field in the owning shard's ``operator`` hash; the shard's
+    runner acts on it under the dataset's lock and publishes ``operator_action``.
+
+    Returns:
+        A one-line description of the outcome.
+
+    Raises:
+        ConfigError: bad dataset or job name, or no such quarantined sequence.
+        TimeoutError: the owner did not act within ``wait_s`` (is a worker running?).
+    """
+    try:
+        check_dataset_segment(dataset)
+        check_job(job)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    keys = Keys(s.fleet.name)
+    if s.store.url:
+        async with open_store(s.store.url, s.store) as store:
+            found = [u for u in await list_unfinished(store, dataset) if u.job == job]
+        if not found:
+            raise ConfigError(f"no unfinished commit sequence for dataset {dataset!r}, job {job!r}")
+    shard = shard_of(dataset, s.fleet.shards)
+    async with _redis(s) as r:
+        with redis_errors("XREVRANGE admin"):
+            newest: Any = await r.xrevrange(keys.admin, count=1)
+        start: bytes = newest[0][0] if newest else b"0-0"
+        with redis_errors("HSET operator request"):
+            await r.hset(keys.shard_state(shard, "operator"), f"{dataset}/{job}", op)
+        deadline = time.monotonic() + wait_s
+        async for _id, ev in follow_admin(r, keys, from_id=start, block_ms=500):
+            if isinstance(ev, OperatorAction) and ev.dataset == dataset and ev.job == job:
+                return f"{op} of {dataset} / {job} done by {ev.worker}"
+            if time.monotonic() > deadline:
+                break
+        raise TimeoutError(f"no worker acted on the {op} request within {wait_s}s (is a worker running?)")
+
+
+async def run_audit(s: Settings, url: str) -> AuditReport:
+    """Return the audit report of the store at ``url``."""
+    async with open_store(url, s.store) as store:
+        return await audit(store)
