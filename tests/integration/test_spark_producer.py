@@ -204,12 +204,14 @@ def test_driver_code_raising_publishes_job_failed_and_leaves_staged_files(
     spark: Any, config: ProducerConfig, store_root: Path
 ) -> None:
     df = spark.range(0, 10, numPartitions=2)
-    with (
-        pytest.raises(ValueError, match="boom"),
-        commit_job(spark, "job-raise", ["a", "b"], config=config) as job,
-    ):
-        job.write_dataset(df, "a")
-        raise ValueError("boom")
+
+    def run() -> None:
+        with commit_job(spark, "job-raise", ["a", "b"], config=config) as job:
+            job.write_dataset(df, "a")
+            raise ValueError("boom")
+
+    with pytest.raises(ValueError, match="boom"):
+        run()
 
     events = read_events(config)
     failed = of_type(events, JobFailed)
@@ -229,14 +231,14 @@ def test_task_that_keeps_failing_fails_the_job(spark: Any, config: ProducerConfi
         raise RuntimeError(f"source unreadable in task {task}")
 
     df = spark.range(0, 10, numPartitions=2)
-    with (
-        pytest.raises(Exception, match="source unreadable"),
-        commit_job(  # noqa: PT012
-            spark, "job-broken", ["ok", "bad"], config=config
-        ) as job,
-    ):
-        job.write_dataset(df, "ok")
-        job.write_dataset(df, "bad", watermarks=broken)
+
+    def run() -> None:
+        with commit_job(spark, "job-broken", ["ok", "bad"], config=config) as job:
+            job.write_dataset(df, "ok")
+            job.write_dataset(df, "bad", watermarks=broken)
+
+    with pytest.raises(Exception, match="source unreadable"):
+        run()
 
     events = read_events(config)
     failed = of_type(events, JobFailed)
@@ -285,23 +287,24 @@ def test_cancel_from_another_thread_interrupts_the_action_and_publishes_job_canc
         job.cancel("operator asked")
 
     df = spark.range(0, 4, numPartitions=2)
-    with (
-        pytest.raises(Exception, match="(?i)cancel"),
-        commit_job(  # noqa: PT012
-            spark, "job-cancel", ["quick", "slow"], config=config
-        ) as job,
-    ):
-        job.write_dataset(df, "quick")
-        canceller = threading.Thread(target=cancel_when_running, args=(job,))
-        canceller.start()
-        try:
-            job.write_dataset(df, "slow", watermarks=slow)
-        finally:
-            raised_at = time.monotonic()
-            canceller.join()
+    raised_at: list[float] = []
+
+    def run() -> None:
+        with commit_job(spark, "job-cancel", ["quick", "slow"], config=config) as job:
+            job.write_dataset(df, "quick")
+            canceller = threading.Thread(target=cancel_when_running, args=(job,))
+            canceller.start()
+            try:
+                job.write_dataset(df, "slow", watermarks=slow)
+            finally:
+                raised_at.append(time.monotonic())
+                canceller.join()
+
+    with pytest.raises(Exception, match=r"(?i)cancel"):
+        run()
 
     assert cancelled_at
-    assert raised_at - cancelled_at[0] < 5.0
+    assert raised_at[0] - cancelled_at[0] < 5.0
     events = read_events(config)
     cancelled = of_type(events, JobCancelled)
     assert cancelled
@@ -317,12 +320,19 @@ def test_cancel_from_another_thread_interrupts_the_action_and_publishes_job_canc
 def test_cancel_before_an_action_and_keyboard_interrupt_publish_job_cancelled(
     spark: Any, config: ProducerConfig
 ) -> None:
-    with pytest.raises(JobCancelledError), commit_job(spark, "job-early", ["e"], config=config) as job:
-        job.cancel("not needed today")
-        job.write_dataset(spark.range(0, 4, numPartitions=1), "e")
+    def cancel_early() -> None:
+        with commit_job(spark, "job-early", ["e"], config=config) as job:
+            job.cancel("not needed today")
+            job.write_dataset(spark.range(0, 4, numPartitions=1), "e")
 
-    with pytest.raises(KeyboardInterrupt), commit_job(spark, "job-ctrl-c", ["k"], config=config):
-        raise KeyboardInterrupt
+    def ctrl_c() -> None:
+        with commit_job(spark, "job-ctrl-c", ["k"], config=config):
+            raise KeyboardInterrupt
+
+    with pytest.raises(JobCancelledError):
+        cancel_early()
+    with pytest.raises(KeyboardInterrupt):
+        ctrl_c()
 
     cancelled = {ev.job: ev for ev in of_type(read_events(config), JobCancelled)}
     assert cancelled["job-early"].reason == "not needed today"
