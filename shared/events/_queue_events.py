@@ -72,7 +72,7 @@ DatasetList = Annotated[
 ]
 
 
-class StagedFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+class StagedFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True, omit_defaults=True):
     """One file a task attempt staged.
 
     ``path`` is relative to its attempt's staging folder
@@ -84,7 +84,9 @@ class StagedFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
     md5: Md5 | None = None
 
 
-class DatasetExpectation(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+class DatasetExpectation(
+    msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True, omit_defaults=True
+):
     """What a finished job promises for one dataset.
 
     ``tasks`` is how many task indexes (0..tasks-1) must each have a finished

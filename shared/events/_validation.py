@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Self
+from typing import Final, Self
 
 from .._errors import ConfigError
 from .._settings import SecuritySettings
@@ -106,33 +106,57 @@ def _check_expectation(name: str, exp: DatasetExpectation) -> None:
         )
 
 
+# One regex for the common case (an ASCII path) covering every rule of
+# check_rel_path except segment length; anything it refuses goes through
+# check_rel_path, which says precisely what is wrong.
+_SEGMENT = r"(?!\.\.?(?:/|$))[^/\\\x00-\x1f\x7f]+"
+_PLAIN_PATH: Final = re.compile(rf"(?!_[^/]*/){_SEGMENT}(?:/{_SEGMENT})*")
+
+
+def _basename_and_size(path: str) -> tuple[str, int]:
+    """Return the path's basename and byte size, or raise ``unsafe_path``."""
+    if path.isascii() and len(path) <= MAX_SEGMENT_BYTES and _PLAIN_PATH.fullmatch(path):
+        return path.rpartition("/")[2], len(path)
+    return check_rel_path(path)[-1], len(path.encode())
+
+
 def _check_task_finished(ev: TaskFinished, limits: ValidationLimits) -> None:
     limits.check_dataset(ev.dataset)
     # Longest keys this message leads to: the staged key and the published key.
     staged_base = len(f"{STAGING}/{ev.job}/{ev.dataset}/{ev.task}-{ev.attempt}/".encode())
-    published_base = len(ev.dataset.encode()) + 1
-    name_prefix = len(f"{ev.job}-{ev.task:05d}-".encode())
+    name_prefix = len(ev.job) + len(f"{ev.task:05d}") + 2  # job ids are ASCII
+    published_base = len(ev.dataset.encode()) + 1 + name_prefix
+    room = MAX_KEY_BYTES - max(staged_base, published_base)
     seen: set[str] = set()
-    for i, f in enumerate(ev.files):
-        where = f"$.files[{i}].path"
+    for f in ev.files:
+        path = f.path
         try:
-            parts = check_rel_path(f.path)
+            basename, size = _basename_and_size(path)
         except InvalidMessage as exc:
-            raise InvalidMessage("unsafe_path", f"{exc.detail} - at `{where}`") from None
-        size = len(f.path.encode())
-        if staged_base + size > MAX_KEY_BYTES or published_base + name_prefix + size > MAX_KEY_BYTES:
-            raise InvalidMessage(
-                "unsafe_path", f"file path leads to a key over {MAX_KEY_BYTES} bytes - at `{where}`"
-            )
-        if name_prefix + len(parts[-1].encode()) > MAX_SEGMENT_BYTES:
+            raise InvalidMessage("unsafe_path", f"{exc.detail} - at `{_where(ev, path)}`") from None
+        if size > room:
             raise InvalidMessage(
                 "unsafe_path",
-                f"published file name <job>-<task>-{parts[-1][:40]!r}... is over"
-                f" {MAX_SEGMENT_BYTES} bytes - at `{where}`",
+                f"file path {path[:60]!r}... leads to a key over {MAX_KEY_BYTES} bytes"
+                f" - at `{_where(ev, path)}`",
             )
-        if f.path in seen:
-            raise InvalidMessage("inconsistent", f"file {f.path!r} is listed twice - at `{where}`")
-        seen.add(f.path)
+        if name_prefix + len(basename.encode()) > MAX_SEGMENT_BYTES:
+            raise InvalidMessage(
+                "unsafe_path",
+                f"published file name <job>-<task>-{basename[:40]!r}... is over"
+                f" {MAX_SEGMENT_BYTES} bytes - at `{_where(ev, path)}`",
+            )
+        if path in seen:
+            raise InvalidMessage(
+                "inconsistent", f"file {path!r} is listed twice - at `{_where(ev, path, last=True)}`"
+            )
+        seen.add(path)
+
+
+def _where(ev: TaskFinished, path: str, *, last: bool = False) -> str:
+    # Error path only: find the index of the offending file for the message.
+    indexes = [i for i, f in enumerate(ev.files) if f.path == path]
+    return f"$.files[{indexes[-1] if last else indexes[0]}].path"
 
 
 def validate_event(ev: QueueEvent, limits: ValidationLimits) -> QueueEvent:

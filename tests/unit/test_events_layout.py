@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
@@ -172,3 +174,27 @@ def test_clean_relative_paths_are_accepted(rel: list[str]) -> None:
     assume(not (len(rel) > 1 and rel[0].startswith("_")))
     assume(all(len(s.encode()) <= 255 for s in rel))
     assert check_rel_path("/".join(rel)) == rel
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    path=st.lists(
+        st.sampled_from(["", ".", "..", "_a", "a", ".a", "..a", "a.", "\\", "\x01", "\x7f", "=", "é"])
+        | st.text(st.characters(codec="ascii"), max_size=4),
+        min_size=1,
+        max_size=4,
+    ).map("/".join)
+)
+def test_fast_path_check_agrees_with_check_rel_path(path: str) -> None:
+    from shared.events._validation import _basename_and_size
+
+    def verdict(fn: Any) -> str | tuple[str, int]:
+        try:
+            return fn(path)  # type: ignore[no-any-return]
+        except InvalidMessage as exc:
+            return exc.reason
+
+    def slow(p: str) -> tuple[str, int]:
+        return check_rel_path(p)[-1], len(p.encode())
+
+    assert verdict(_basename_and_size) == verdict(slow)
