@@ -69,12 +69,17 @@ class StoreSettings(_Section, frozen=True):
     azure_connection_string: str = ""
     azure_account_url: str = ""
     request_timeout: float = 30.0
+    # Attempts the S3 and Azure SDKs make per request before an error reaches the caller
+    # (1 = no SDK-level retries; callers retry with their own RetryPolicy either way).
+    sdk_attempts: int = 3
 
     def __post_init__(self) -> None:
         if self.url and not self.url.startswith(("file://", "s3://", "gs://", "az://")):
             raise ValueError("store.url must start with file://, s3://, gs:// or az://")
         if self.request_timeout <= 0:
             raise ValueError("store.request_timeout must be > 0")
+        if not 1 <= self.sdk_attempts <= 10:
+            raise ValueError("store.sdk_attempts must be between 1 and 10")
 
 
 class LockSettings(_Section, frozen=True):
