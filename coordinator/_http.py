@@ -79,10 +79,10 @@ class AdminServer:
                 web.get("/healthz", self._health),
             ]
         )
-        self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
+        self._runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
         c = self.settings.coordinator
-        site = web.TCPSite(self._runner, c.http_host, c.http_port, shutdown_timeout=1.0)
+        site = web.TCPSite(self._runner, c.http_host, c.http_port)
         try:
             await site.start()
         except OSError as exc:

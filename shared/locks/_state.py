@@ -32,7 +32,9 @@ from .._settings import LockSettings
 
 RECORD_VERSION = 1
 LOCKS_PREFIX = "_locks/"
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.=-]{0,127}$")
+# A letter or digit first for dataset locks; a leading "_" for fleet-wide locks
+# (the coordinator's election), which no dataset name can take.
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.=-]{0,127}$")
 # Wait a hair past the expiry instant so the re-read sees it expired, not equal.
 _PAST_EXPIRY = 0.001
 
@@ -113,7 +115,7 @@ def lock_key(name: str) -> str:
 
     Raises:
         BadInput: ``name`` is not one path segment of letters, digits and
-            ``_ . = -`` (starting with a letter or digit, at most 128 chars).
+            ``_ . = -`` (starting with a letter, digit or ``_``, at most 128 chars).
     """
     if not _NAME.match(name):
         raise BadInput(f"bad lock name {name!r}: use letters, digits and _.=- (one path segment)")

@@ -1,0 +1,123 @@
+"""Helpers for fleet tests: settings, publishing synthetic jobs with staged files, checks."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import redis.asyncio
+
+from shared import Settings, load_settings
+from shared.commit import AuditReport, audit, read_manifest
+from shared.events import (
+    AdminEvent,
+    DatasetExpectation,
+    JobFailed,
+    JobFinished,
+    JobStarted,
+    QueueEvent,
+    StagedFile,
+    TaskFinished,
+    staged_key,
+)
+from shared.queue import Keys, read_admin_range
+from shared.storage import ObjectStore
+
+
+def fleet_settings(redis_url: str, root: Path, fleet: str, *, shards: int = 8, **extra: Any) -> Settings:
+    """Return settings for a fast test fleet on a local-files root."""
+    overrides: dict[str, Any] = {
+        "fleet": {"name": fleet, "shards": shards},
+        "redis": {"url": redis_url},
+        "store": {"url": root.as_uri()},
+        "lock": {"validity": 6.0, "renew_interval": 1.5, "max_drift": 0.2, "poll_min": 0.02, "poll_max": 0.3},
+        "worker": {"lease": 3.0, "heartbeat": 0.5, "read_block_ms": 200, "drain_grace": 10.0},
+        "coordinator": {"tick": 0.2, "http_port": 0},
+        "commit": {"retry": {"attempts": 4, "initial": 0.01, "maximum": 0.1, "budget": 5.0}},
+        "log": {"level": "INFO", "format": "text"},
+    }
+    for section, values in extra.items():
+        overrides.setdefault(section, {}).update(values)
+    return load_settings(env={}, overrides=overrides)
+
+
+async def stage_task(
+    store: ObjectStore, job: str, dataset: str, task: int, attempt: int, *, files: int = 1, size: int = 64
+) -> TaskFinished:
+    """Write a task attempt's staged files and return its TaskFinished event."""
+    staged: list[StagedFile] = []
+    for i in range(files):
+        rel = f"part-{i}.bin"
+        data = f"{job}/{dataset}/{task}/{attempt}/{i}|".encode().ljust(size, b".")
+        await store.write(staged_key(job, dataset, task, attempt, rel), data)
+        staged.append(StagedFile(path=rel, size=len(data)))
+    return TaskFinished(
+        job=job,
+        dataset=dataset,
+        task=task,
+        attempt=attempt,
+        files=staged,
+        watermarks={"p0": task * 10 + attempt},
+        finished_at=time.time(),
+    )
+
+
+async def good_job(
+    store: ObjectStore, job: str, datasets: Iterable[str], tasks: int, *, duplicate_attempt: bool = True
+) -> list[QueueEvent]:
+    """Return the events of a successful job (with a retried task and a duplicate delivery)."""
+    names = list(datasets)
+    evs: list[QueueEvent] = [JobStarted(job=job, datasets=names, timeout_s=600, started_at=time.time())]
+    expect: dict[str, DatasetExpectation] = {}
+    for ds in names:
+        winners = []
+        for t in range(tasks):
+            ev = await stage_task(store, job, ds, t, 0)
+            evs.append(ev)
+            if duplicate_attempt and t == 0:
+                evs.append(ev)  # duplicate delivery
+                evs.append(await stage_task(store, job, ds, t, 1))  # a retried attempt that wins
+                winners.append(1)
+            else:
+                winners.append(0)
+        expect[ds] = DatasetExpectation(tasks=tasks, winners=winners)
+    evs.append(JobFinished(job=job, datasets=expect, finished_at=time.time()))
+    return evs
+
+
+async def failed_job(store: ObjectStore, job: str, datasets: Iterable[str], tasks: int) -> list[QueueEvent]:
+    """Return the events of a job that fails after its tasks staged output."""
+    names = list(datasets)
+    evs: list[QueueEvent] = [JobStarted(job=job, datasets=names, timeout_s=600, started_at=time.time())]
+    for ds in names:
+        for t in range(tasks):
+            evs.append(await stage_task(store, job, ds, t, 0))
+    evs.append(JobFailed(job=job, datasets=names, reason="boom", failed_at=time.time()))
+    return evs
+
+
+async def admin_events(r: redis.asyncio.Redis, fleet: str) -> list[AdminEvent]:
+    """Return every admin event so far."""
+    return [ev for _id, ev in await read_admin_range(r, Keys(fleet))]
+
+
+async def committed(store: ObjectStore, datasets: Iterable[str], job: str) -> bool:
+    """Return True when every dataset has the job's manifest."""
+    for ds in datasets:
+        if await read_manifest(store, ds, job) is None:
+            return False
+    return True
+
+
+async def no_staging_left(store: ObjectStore, job: str) -> bool:
+    """Return True when nothing is staged for ``job`` any more."""
+    async for _ in store.list(f"_staging/{job}/"):
+        return False
+    return True
+
+
+async def clean_audit(store: ObjectStore) -> AuditReport:
+    """Return the audit report (callers assert ``ok``)."""
+    return await audit(store)

@@ -1,0 +1,73 @@
+"""A coordinator and two workers in one process: commits, aborts, dedupe, audit.
+
+The separate-process fleet tests (tests/fleet/test_fleet_processes.py) cover
+kills, freezes and scaling; this one is the quick functional check.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import redis.asyncio
+
+from coordinator import Coordinator
+from shared.events import Aborted, Committed, ShardsAssigned, WorkerJoined
+from shared.queue import AsyncPublisher, Keys, ensure_fleet
+from shared.storage import open_store
+from tests._support.wait import wait_for
+from workers import Worker
+
+from ._helpers import (
+    admin_events,
+    clean_audit,
+    committed,
+    failed_job,
+    fleet_settings,
+    good_job,
+    no_staging_left,
+)
+
+
+async def test_inprocess_fleet_commits_and_aborts(
+    redis_url: str, redis_client: redis.asyncio.Redis, fleet_name: str, tmp_path: Path
+) -> None:
+    settings = fleet_settings(redis_url, tmp_path / "store", fleet_name)
+    coord = Coordinator(settings, coordinator_id="c1")
+    w1 = Worker(settings, worker_id="w1")
+    w2 = Worker(settings, worker_id="w2")
+    async with open_store(settings.store.url, settings.store) as store, asyncio.TaskGroup() as tg:
+        tasks = [tg.create_task(x.run()) for x in (coord, w1, w2)]
+        try:
+            await ensure_fleet(redis_client, fleet_name, settings.fleet.shards)
+            pub = AsyncPublisher(redis_client, fleet_name, settings.fleet.shards)
+            datasets = [f"ds{i}" for i in range(6)]
+            await pub.publish_many(await good_job(store, "job-ok", datasets, tasks=3))
+            await pub.publish_many(await failed_job(store, "job-bad", datasets[:3], tasks=2))
+            await wait_for(lambda: committed(store, datasets, "job-ok"), timeout=60, what="commits")
+            await wait_for(lambda: no_staging_left(store, "job-bad"), timeout=60, what="rollback")
+            await wait_for(lambda: no_staging_left(store, "job-ok"), timeout=60, what="cleanup")
+
+            async def all_events() -> bool:
+                evs = await admin_events(redis_client, fleet_name)
+                n_commit = sum(isinstance(e, Committed) and e.job == "job-ok" for e in evs)
+                n_abort = sum(isinstance(e, Aborted) and e.job == "job-bad" for e in evs)
+                return n_commit == 6 and n_abort == 3
+
+            await wait_for(all_events, timeout=30, what="admin events")
+            report = await clean_audit(store)
+            assert report.ok, report.violations
+            assert report.manifests == 6
+            # task 0 had a retried winning attempt (1) and a duplicate delivery of attempt 0: 3 tasks -> 3 files
+            assert report.files == 18
+            evs = await admin_events(redis_client, fleet_name)
+            assert any(isinstance(e, ShardsAssigned) for e in evs)
+            assert {e.worker for e in evs if isinstance(e, WorkerJoined)} >= {"w1", "w2"}
+            committed_ev = [e for e in evs if isinstance(e, Committed)]
+            assert len(committed_ev) == 6  # exactly once, despite the duplicate delivery
+        finally:
+            for x in (w1, w2, coord):
+                x.shutdown()
+        await asyncio.gather(*tasks)
+    keys = Keys(fleet_name)
+    assert await redis_client.scard(keys.workers) == 0
