@@ -58,7 +58,7 @@ async def test_inprocess_fleet_commits_and_aborts(
             report = await clean_audit(store)
             assert report.ok, report.violations
             assert report.manifests == 6
-            # task 0 had a retried winning attempt (1) and a duplicate delivery of attempt 0: 3 tasks -> 3 files
+            # task 0: a duplicate delivery and a retried winning attempt; still one file per task
             assert report.files == 18
             evs = await admin_events(redis_client, fleet_name)
             assert any(isinstance(e, ShardsAssigned) for e in evs)
