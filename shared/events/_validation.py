@@ -32,6 +32,8 @@ from ._queue_events import (
     TaskFinished,
 )
 
+_MEMO_SIZE: Final = 65_536
+
 
 @dataclass(frozen=True, slots=True)
 class ValidationLimits:
@@ -45,6 +47,9 @@ class ValidationLimits:
     dataset_pattern: str = DEFAULT_DATASET_PATTERN
     secret: bytes | None = field(default=None, repr=False)
     _dataset_re: re.Pattern[str] = field(init=False, repr=False, compare=False)
+    # Names already accepted: a fleet sees few datasets and jobs, and two
+    # regexes per message are a good part of the validation cost. Bounded.
+    _accepted: dict[str, None] = field(init=False, repr=False, compare=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.max_message_bytes < 1:
@@ -76,14 +81,39 @@ class ValidationLimits:
         Raises:
             InvalidMessage: ``bad_dataset``.
         """
+        if name in self._accepted:
+            return name
         if not self._dataset_re.fullmatch(name):
             raise InvalidMessage(
                 "bad_dataset", f"dataset {name!r} does not match {self.dataset_pattern} - at `{where}`"
             )
         try:
-            return check_dataset_segment(name)
+            check_dataset_segment(name)
         except InvalidMessage as exc:
             raise InvalidMessage("bad_dataset", f"{exc.detail} - at `{where}`") from None
+        self._remember(name)
+        return name
+
+    def check_job(self, job: str) -> str:
+        """Return ``job`` when it matches the job id pattern.
+
+        Raises:
+            InvalidMessage: ``bad_job``.
+        """
+        key = "\x00" + job  # never equal to a dataset name in the same memo
+        if key in self._accepted:
+            return job
+        try:
+            check_job(job)
+        except InvalidMessage as exc:
+            raise InvalidMessage("bad_job", f"{exc.detail} - at `$.job`") from None
+        self._remember(key)
+        return job
+
+    def _remember(self, key: str) -> None:
+        if len(self._accepted) >= _MEMO_SIZE:
+            self._accepted.clear()
+        self._accepted[key] = None
 
 
 def _check_dataset_list(names: Iterable[str], limits: ValidationLimits) -> None:
@@ -175,10 +205,7 @@ def validate_event(ev: QueueEvent, limits: ValidationLimits) -> QueueEvent:
         raise InvalidMessage(
             "unsupported_version", f"version {ev.v} is not supported (this consumer reads v{SCHEMA_VERSION})"
         )
-    try:
-        check_job(ev.job)
-    except InvalidMessage as exc:
-        raise InvalidMessage("bad_job", f"{exc.detail} - at `$.job`") from None
+    limits.check_job(ev.job)
     if isinstance(ev, TaskFinished):
         _check_task_finished(ev, limits)
     elif isinstance(ev, JobFinished):

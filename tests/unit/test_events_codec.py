@@ -493,3 +493,17 @@ def test_deep_nesting_is_rejected_cleanly() -> None:
 def test_msgspec_encoding_is_deterministic() -> None:
     ev = task_finished()
     assert encode_event(ev) == encode_event(msgspec.json.decode(encode_event(ev), type=TaskFinished))
+
+
+def test_accepted_names_memo_never_admits_a_bad_name() -> None:
+    limits = ValidationLimits(dataset_pattern=r"^[a-z]+$")
+    good = encode_event(task_finished())
+    bad = json.dumps(raw(task_finished()) | {"dataset": "Sales", "job": "-j"}).encode()
+    for _ in range(3):
+        assert decode_event(good, sig=None, limits=limits) == task_finished()
+        with pytest.raises(InvalidMessage) as info:
+            decode_event(bad, sig=None, limits=limits)
+        assert info.value.reason == "bad_job"
+    # The memo is per limits object: a stricter fleet does not inherit another's accepted names.
+    stricter = ValidationLimits(dataset_pattern=r"^x$")
+    assert reject(good, stricter).reason == "bad_dataset"
