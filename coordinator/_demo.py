@@ -20,8 +20,6 @@ import asyncio
 import os
 import secrets
 import shutil
-import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -38,71 +36,12 @@ from shared.events import AdminEvent
 from shared.queue import Keys, connect, read_admin_range
 from shared.storage import open_store
 
-from ._procs import FleetProcess, write_config
+from ._procs import FleetProcess, ThrowawayRedis, write_config
 from ._status import fleet_status
 
 DATASETS = ("orders", "customers", "clicks")
 FAILED_DATASET = "refunds"
 PARTITIONS = 4
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class _Redis:
-    """A throwaway redis-server in its own process group."""
-
-    def __init__(self, work: Path) -> None:
-        self.port = _free_port()
-        exe = shutil.which("redis-server")
-        if exe is None:
-            raise RuntimeError("redis-server not found: run `make bootstrap` or set REDIS_URL")
-        self.proc = subprocess.Popen(
-            [
-                exe,
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(work),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as c:
-                    c.sendall(b"PING\r\n")
-                    if c.recv(16).startswith(b"+PONG"):
-                        return
-            except OSError:
-                pass
-            if time.monotonic() > deadline or self.proc.poll() is not None:
-                raise RuntimeError("redis-server did not start")
-            time.sleep(0.05)
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(5)
 
 
 def _settings(redis_url: str, root: Path) -> Settings:
@@ -297,7 +236,7 @@ def run_demo(*, root: Path | None, keep: bool, console: Console) -> int:
         store_root.mkdir(parents=True, exist_ok=True)
         redis_url = os.environ.get("REDIS_URL", "")
         if not redis_url:
-            server = _Redis(work)
+            server = ThrowawayRedis(work)
             stack.callback(server.stop)
             redis_url = server.url
         settings = _settings(redis_url, store_root)

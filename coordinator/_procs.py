@@ -8,9 +8,12 @@ prints when something fails.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -47,6 +50,64 @@ def write_config(settings: Settings, path: Path) -> Path:
         section(name, table)
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ThrowawayRedis:
+    """A private ``redis-server`` on a free loopback port, in its own process group (no persistence)."""
+
+    def __init__(self, work: Path) -> None:
+        """Start it and wait until it answers PING.
+
+        Raises:
+            RuntimeError: redis-server is not installed or did not start within 15 s.
+        """
+        self.port = free_port()
+        exe = shutil.which("redis-server")
+        if exe is None:
+            raise RuntimeError("redis-server not found: run `make bootstrap` or set REDIS_URL")
+        argv = [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        self.proc = subprocess.Popen(
+            [*argv, "--dir", str(work)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 15
+        while not self._pong():
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                self.stop()
+                raise RuntimeError("redis-server did not start")
+            time.sleep(0.05)
+
+    def _pong(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as c:
+                c.sendall(b"PING\r\n")
+                return c.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    @property
+    def url(self) -> str:
+        """The server's redis:// URL."""
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def stop(self) -> None:
+        """Stop the server (SIGTERM, then SIGKILL); safe to call twice."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
 
 
 class FleetProcess:
