@@ -24,6 +24,11 @@ JOB_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
 DEFAULT_DATASET_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.=-]{0,127}$"
 """The default of ``security.dataset_pattern``; a fleet may configure a stricter one."""
 
+_SEGMENT = r"(?!\.\.?(?:/|$))[^/\\\x00-\x1f\x7f-\x9f]+"
+REL_PATH_PATTERN: Final = rf"^(?!_[^/]*/){_SEGMENT}(?:/{_SEGMENT})*(?![\s\S])"
+r"""The shape of a staged file's relative path, the same in ECMA-262 and Python ``re``
+(``(?![\s\S])`` is end-of-input in both, unlike ``$``); byte limits are checked on top."""
+
 Version = Annotated[
     int,
     msgspec.Meta(
@@ -62,7 +67,7 @@ RelPath = Annotated[
         description="Path relative to the task attempt's staging folder, '/'-separated, no empty, "
         "'.' or '..' segments, no backslash or control characters; the first segment is not a "
         "folder starting with '_'.",
-        extra_json_schema={"minLength": 1},
+        extra_json_schema={"minLength": 1, "pattern": REL_PATH_PATTERN},
     ),
 ]
 WatermarkName = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]

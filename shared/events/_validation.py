@@ -25,6 +25,7 @@ from ._layout import (
 )
 from ._queue_events import (
     DEFAULT_DATASET_PATTERN,
+    REL_PATH_PATTERN,
     SCHEMA_VERSION,
     DatasetExpectation,
     JobFinished,
@@ -139,13 +140,12 @@ def _check_expectation(name: str, exp: DatasetExpectation) -> None:
 # One regex for the common case (an ASCII path) covering every rule of
 # check_rel_path except segment length; anything it refuses goes through
 # check_rel_path, which says precisely what is wrong.
-_SEGMENT = r"(?!\.\.?(?:/|$))[^/\\\x00-\x1f\x7f]+"
-_PLAIN_PATH: Final = re.compile(rf"(?!_[^/]*/){_SEGMENT}(?:/{_SEGMENT})*")
+_PLAIN_PATH: Final = re.compile(REL_PATH_PATTERN)
 
 
 def _basename_and_size(path: str) -> tuple[str, int]:
     """Return the path's basename and byte size, or raise ``unsafe_path``."""
-    if path.isascii() and len(path) <= MAX_SEGMENT_BYTES and _PLAIN_PATH.fullmatch(path):
+    if path.isascii() and len(path) <= MAX_SEGMENT_BYTES and _PLAIN_PATH.match(path):
         return path.rpartition("/")[2], len(path)
     return check_rel_path(path)[-1], len(path.encode())
 

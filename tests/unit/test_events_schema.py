@@ -10,8 +10,17 @@ from typing import Any
 
 import jsonschema  # type: ignore[import-untyped]
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
-from shared.events import admin_event_schema, encode_admin, encode_event, queue_event_schema
+from shared.events import (
+    InvalidMessage,
+    admin_event_schema,
+    check_rel_path,
+    encode_admin,
+    encode_event,
+    queue_event_schema,
+)
 from shared.events._schema import ADMIN_SCHEMA_FILE, QUEUE_SCHEMA_FILE, render_schema
 
 from .test_events_codec import EXAMPLES, raw, task_finished
@@ -78,6 +87,10 @@ def test_admin_schema_accepts_every_example() -> None:
         {"job": "../x"},
         {"dataset": "_wal"},
         {"files": [{"path": "a", "size": 1, "md5": "ABC"}]},
+        {"files": [{"path": "../x", "size": 1}]},
+        {"files": [{"path": "/etc/passwd", "size": 1}]},
+        {"files": [{"path": "_commits/x", "size": 1}]},
+        {"files": [{"path": "a\n", "size": 1}]},
     ],
 )
 def test_schema_rejects_what_the_codec_rejects(change: dict[str, Any]) -> None:
@@ -96,3 +109,24 @@ def test_schema_says_what_the_producer_must_send() -> None:
         "finished_at",
     ]
     assert defs["JobStarted"]["properties"]["datasets"]["minItems"] == 1
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    path=st.lists(
+        st.sampled_from(["", ".", "..", "_a", "a", ".a", "a\n", "\\", "\x01", "\x85", "é", "=", " "])
+        | st.text(max_size=4),
+        min_size=1,
+        max_size=4,
+    ).map("/".join)
+)
+def test_schema_path_pattern_agrees_with_the_validator(path: str) -> None:
+    assume(all(len(seg.encode()) <= 255 for seg in path.split("/")))  # byte limits are not in the pattern
+    doc = raw(task_finished()) | {"files": [{"path": path, "size": 1}]}
+    try:
+        check_rel_path(path)
+    except InvalidMessage:
+        accepted = False
+    else:
+        accepted = True
+    assert QUEUE.is_valid(doc) == accepted
