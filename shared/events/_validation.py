@@ -143,11 +143,11 @@ def _check_expectation(name: str, exp: DatasetExpectation) -> None:
 _PLAIN_PATH: Final = re.compile(REL_PATH_PATTERN)
 
 
-def _basename_and_size(path: str) -> tuple[str, int]:
-    """Return the path's basename and byte size, or raise ``unsafe_path``."""
+def _basename_and_size(path: str) -> tuple[int, int]:
+    """Return the byte sizes of the path's basename and of the path, or raise ``unsafe_path``."""
     if path.isascii() and len(path) <= MAX_SEGMENT_BYTES and _PLAIN_PATH.match(path):
-        return path.rpartition("/")[2], len(path)
-    return check_rel_path(path)[-1], len(path.encode())
+        return len(path) - path.rfind("/") - 1, len(path)
+    return len(check_rel_path(path)[-1].encode()), len(path.encode())
 
 
 def _check_task_finished(ev: TaskFinished, limits: ValidationLimits) -> None:
@@ -161,7 +161,7 @@ def _check_task_finished(ev: TaskFinished, limits: ValidationLimits) -> None:
     for f in ev.files:
         path = f.path
         try:
-            basename, size = _basename_and_size(path)
+            basename_size, size = _basename_and_size(path)
         except InvalidMessage as exc:
             raise InvalidMessage("unsafe_path", f"{exc.detail} - at `{_where(ev, path)}`") from None
         if size > room:
@@ -170,10 +170,10 @@ def _check_task_finished(ev: TaskFinished, limits: ValidationLimits) -> None:
                 f"file path {path[:60]!r}... leads to a key over {MAX_KEY_BYTES} bytes"
                 f" - at `{_where(ev, path)}`",
             )
-        if name_prefix + len(basename.encode()) > MAX_SEGMENT_BYTES:
+        if name_prefix + basename_size > MAX_SEGMENT_BYTES:
             raise InvalidMessage(
                 "unsafe_path",
-                f"published file name <job>-<task>-{basename[:40]!r}... is over"
+                f"published file name <job>-<task>-{path.rpartition('/')[2][:40]!r}... is over"
                 f" {MAX_SEGMENT_BYTES} bytes - at `{_where(ev, path)}`",
             )
         if path in seen:

@@ -188,13 +188,13 @@ def test_clean_relative_paths_are_accepted(rel: list[str]) -> None:
 def test_fast_path_check_agrees_with_check_rel_path(path: str) -> None:
     from shared.events._validation import _basename_and_size
 
-    def verdict(fn: Any) -> str | tuple[str, int]:
+    def verdict(fn: Any) -> str | tuple[int, int]:
         try:
             return fn(path)  # type: ignore[no-any-return]
         except InvalidMessage as exc:
             return exc.reason
 
-    def slow(p: str) -> tuple[str, int]:
-        return check_rel_path(p)[-1], len(p.encode())
+    def slow(p: str) -> tuple[int, int]:
+        return len(check_rel_path(p)[-1].encode()), len(p.encode())
 
     assert verdict(_basename_and_size) == verdict(slow)
