@@ -375,7 +375,8 @@ class HeldLease:
 
         Raises:
             TransientError, OutcomeUnknown: the store kept failing past the
-                retry policy; the lock then expires on its own.
+                retry policy, or did not answer within one validity; the
+                lock then expires on its own.
 
         Cancellation: the release runs to completion first (shielded), then
         CancelledError propagates.
@@ -394,11 +395,22 @@ class HeldLease:
         if self._superseded:
             return
         lock = self._lock
-        await retry(
-            self._release_once,
-            lock.retry_policy,
-            on_retry=lambda n, exc: log.info("release of %s: attempt %d failed: %r", self.name, n, exc),
-        )
+        # Past one validity without renewal the lock has expired anyway: a
+        # release still stuck by then is pointless, so it is bounded by that.
+        timeout = asyncio.timeout(lock.settings.validity)
+        try:
+            async with timeout:
+                await retry(self._release_once, lock.retry_policy, on_retry=self._log_retry)
+        except TimeoutError:
+            if not timeout.expired():
+                raise
+            raise OutcomeUnknown(
+                f"release of lock {self.name} did not finish within {lock.settings.validity:g}s; "
+                "the lock expires on its own"
+            ) from None
+
+    def _log_retry(self, attempt: int, exc: BaseException) -> None:
+        log.info("release of lock %s: attempt %d failed: %r", self.name, attempt, exc)
 
     async def _release_once(self) -> None:
         lock = self._lock

@@ -66,7 +66,6 @@ async def hold(cfg: dict[str, Any]) -> int:
             {"error": type(exc).__name__, "message": str(exc), "epoch": epoch, "at": time.time()},
         )
         return 3
-    return 0
 
 
 async def stress(cfg: dict[str, Any]) -> int:

@@ -132,8 +132,8 @@ async def test_frozen_holder_finds_out_and_acts_no_more(tmp_path: Path, holders:
         before = {m["seq"] for m in await markers(store, "sleeper")}
 
         holder.proc.send_signal(signal.SIGCONT)
-        (code,) = await wait_for(lambda: _exited(holder.proc), timeout=20, what="the resumed holder to stop")
-        assert code == 3, (holder.out / "stderr.txt").read_text()
+        exited = await wait_for(lambda: _exited(holder.proc), timeout=20, what="the resumed holder to stop")
+        assert exited == (3,), (holder.out / "stderr.txt").read_text()
         result = json.loads((holder.out / "result.json").read_text())
         assert result["error"] in {"LockLost", "Fenced"}
         assert result["epoch"] == stale_epoch

@@ -83,9 +83,11 @@ def settings(draw: st.DrawFn) -> LockSettings:
 def test_lock_key_is_one_object_per_name() -> None:
     assert lock_key("sales.orders") == "_locks/sales.orders.json"
     assert lock_key("ds-1_x=2") == "_locks/ds-1_x=2.json"
+    # Fleet-wide locks (the coordinator's election) start with "_", which no dataset name can.
+    assert lock_key("_coordinator") == "_locks/_coordinator.json"
 
 
-@pytest.mark.parametrize("bad", ["", "a/b", "../x", "_hidden", ".x", "a b", "x" * 129, "é"])
+@pytest.mark.parametrize("bad", ["", "a/b", "../x", "..", ".x", "-x", "a b", "x" * 129, "é", "a\\b"])
 def test_lock_key_rejects_unsafe_names(bad: str) -> None:
     with pytest.raises(BadInput):
         lock_key(bad)
