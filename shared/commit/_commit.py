@@ -55,8 +55,12 @@ async def commit_dataset(
     start = time.monotonic()
     lease.check()
 
+    earlier: list[CommitResult] = []
+
     def finish(res: CommitResult, recovered_jobs: list[str]) -> CommitResult:
-        return msgspec.structs.replace(res, recovered_jobs=recovered_jobs, duration=time.monotonic() - start)
+        return msgspec.structs.replace(
+            res, recovered_jobs=recovered_jobs, earlier=earlier, duration=time.monotonic() - start
+        )
 
     def blocked(by: str, reason: str | None, recovered_jobs: list[str]) -> CommitResult:
         res = CommitResult(
@@ -67,6 +71,7 @@ async def commit_dataset(
     recovery = await recover_dataset(
         store, req.dataset, lease, settings, registry=registry, exclude_job=req.job, clock=clock
     )
+    earlier.extend(recovery.results)
     recovered_jobs = [r.job for r in recovery.results if r.ok]
     if recovery.blocked_by is not None:
         return blocked(recovery.blocked_by, recovery.reason, recovered_jobs)

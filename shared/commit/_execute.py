@@ -16,7 +16,6 @@ step starts, and the sequence is quarantined: the log keeps it with the reason.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable
 
@@ -25,6 +24,7 @@ from .._retry import RetryPolicy
 from .._settings import Settings
 from ..locks import Lease
 from ..storage import ObjectStore
+from ._bounded import for_each_bounded
 from ._registry import StepRegistry
 from ._results import CommitResult
 from ._steps import PHASES, CommitStep, PublishFile, StepContext
@@ -90,32 +90,13 @@ class _Progress:
 async def _run_parallel(
     items: list[tuple[int, CommitStep]], ctx: StepContext, policy: RetryPolicy, progress: _Progress
 ) -> None:
-    limit = asyncio.Semaphore(ctx.settings.commit.publish_concurrency)
+    async def one(item: tuple[int, CommitStep]) -> None:
+        ctx.lease.check()
+        await progress.run(item[0], item[1], ctx, policy)
 
-    async def one(i: int, step: CommitStep) -> None:
-        try:
-            ctx.lease.check()
-            await progress.run(i, step, ctx, policy)
-        finally:
-            limit.release()
-
-    try:
-        async with asyncio.TaskGroup() as tg:
-            for i, step in items:
-                # Taken here, released by the task: bounds running and pending tasks alike.
-                await limit.acquire()
-                if progress.failure is not None:
-                    limit.release()
-                    break
-                tg.create_task(one(i, step))
-    except BaseExceptionGroup as group:
-        lost, rest = group.split(LockLost)
-        if lost is not None and rest is None:
-            first: BaseException = lost
-            while isinstance(first, BaseExceptionGroup):
-                first = first.exceptions[0]
-            raise first from group
-        raise
+    await for_each_bounded(
+        items, one, ctx.settings.commit.publish_concurrency, stop=lambda: progress.failure is not None
+    )
 
 
 async def run_claimed(

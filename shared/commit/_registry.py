@@ -50,7 +50,8 @@ class StepRegistry:
         """Add a step kind; returns ``cls`` so this also works as a class decorator.
 
         ``cls`` must subclass :class:`CommitStep` (a frozen msgspec Struct with
-        ``tag_field="kind"``), give a string ``tag``, override the coroutines
+        ``tag_field="kind"``), give an explicit string ``tag`` (not the
+        class name, msgspec's default), override the coroutines
         ``is_done`` and ``execute``, and declare a ``phase`` other than
         ``manifest`` (the manifest is the proof of completion: nothing may
         run between it and the cleanup). Registering the same class twice is
@@ -64,8 +65,10 @@ class StepRegistry:
             raise TypeError(f"{cls!r} is not a subclass of CommitStep")
         config = cls.__struct_config__
         tag = config.tag
-        if config.tag_field != "kind" or not isinstance(tag, str) or not tag:
-            raise TypeError(f"{cls.__name__} must set a string tag (class X(CommitStep, tag='...'))")
+        # msgspec defaults the tag to the class name; an explicit tag is required
+        # so renaming a class never changes the kind written into logs.
+        if config.tag_field != "kind" or not isinstance(tag, str) or not tag or tag == cls.__name__:
+            raise TypeError(f"{cls.__name__} must set an explicit tag (class X(CommitStep, tag='x'))")
         if not config.frozen:
             raise TypeError(f"{cls.__name__} must be frozen")
         for name in ("is_done", "execute"):

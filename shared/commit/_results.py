@@ -26,7 +26,8 @@ class CommitResult(msgspec.Struct, frozen=True, kw_only=True):
     ``steps_redone`` counts the steps that were found not done and executed;
     ``recovered`` says this sequence was found in the log (an earlier holder
     started it); ``recovered_jobs`` lists older sequences of the dataset that
-    were finished first.
+    were finished first, and ``earlier`` holds their results (including one
+    that got quarantined now and therefore blocks this job).
     """
 
     dataset: str
@@ -43,6 +44,7 @@ class CommitResult(msgspec.Struct, frozen=True, kw_only=True):
     quarantined: str | None = None
     blocked_by: str | None = None
     recovered_jobs: list[str] = msgspec.field(default_factory=list)
+    earlier: list[CommitResult] = msgspec.field(default_factory=list)
 
     @property
     def ok(self) -> bool:

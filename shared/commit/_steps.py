@@ -20,10 +20,9 @@ then the ``manifest``, then ``cleanup``.
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
@@ -34,6 +33,7 @@ from .._settings import Settings
 from ..events import manifest_key, watermarks_key
 from ..locks import Lease
 from ..storage import ObjectInfo, ObjectStore
+from ._bounded import for_each_bounded
 from ._errors import CommitStepFailed
 from ._model import Manifest, ManifestFile, WatermarksDoc
 
@@ -348,23 +348,20 @@ async def delete_prefixes(ctx: StepContext, prefixes: list[str]) -> int:
         TransientError / OutcomeUnknown: from the store; deletes are idempotent,
             so the caller may simply run this again.
     """
-    limit = asyncio.Semaphore(ctx.settings.commit.publish_concurrency)
     count = 0
 
     async def one(key: str) -> None:
-        try:
-            ctx.lease.check()
-            await ctx.store.delete(key)
-        finally:
-            limit.release()
+        ctx.lease.check()
+        await ctx.store.delete(key)
 
-    async with asyncio.TaskGroup() as tg:
+    async def listed() -> AsyncIterator[str]:
+        nonlocal count
         for prefix in prefixes:
             async for info in ctx.store.list(prefix):
-                # Taken here, released by the task: bounds running and pending deletes alike.
-                await limit.acquire()
-                tg.create_task(one(info.key))
                 count += 1
+                yield info.key
+
+    await for_each_bounded(listed(), one, ctx.settings.commit.publish_concurrency)
     return count
 
 

@@ -77,8 +77,9 @@ class FaultStore:
     ``crash_at``: crash at the k-th mutating call (1-based), ``crash_when``
     ``before`` (the call is not made) or ``after`` (it is made, the answer lost).
     After a crash every call raises SimulatedCrash. ``throttle(key, op)``
-    returning True raises Throttled instead of calling. ``unknown_at``: the
-    k-th mutating call is made and then raises OutcomeUnknown. ``gate_at``:
+    returning True raises Throttled instead of calling (``key`` is the
+    destination for a copy). ``unknown_at``: the k-th mutating call raises
+    OutcomeUnknown, ``unknown_when`` ``after`` making it or ``before``. ``gate_at``:
     the k-th mutating call waits for ``gate`` before being made, after
     setting ``parked``.
     """
@@ -88,6 +89,7 @@ class FaultStore:
     crash_when: str = "before"
     throttle: Callable[[str, str], bool] | None = None
     unknown_at: int | None = None
+    unknown_when: str = "after"
     gate_at: int | None = None
     gate: asyncio.Event = field(default_factory=asyncio.Event)
     parked: asyncio.Event = field(default_factory=asyncio.Event)
@@ -114,12 +116,14 @@ class FaultStore:
         if self.crash_at == k and self.crash_when == "before":
             self.dead = True
             raise SimulatedCrash(f"crash before {op} {key} (call {k})")
+        if self.unknown_at == k and self.unknown_when == "before":
+            raise OutcomeUnknown(f"test: outcome of {op} {key} unknown, not made (call {k})")
         result = await call()  # type: ignore[misc]
         if self.crash_at == k:
             self.dead = True
             raise SimulatedCrash(f"crash after {op} {key} (call {k})")
         if self.unknown_at == k:
-            raise OutcomeUnknown(f"test: outcome of {op} {key} unknown (call {k})")
+            raise OutcomeUnknown(f"test: outcome of {op} {key} unknown, made (call {k})")
         return result
 
     async def read(self, key: str) -> ObjectData:
@@ -219,6 +223,13 @@ async def stage_job(
         lost[key] = body
     req = CommitRequest(dataset=dataset, job=job, winners=attempts, expected_tasks=tasks)
     return StagedJob(req=req, winners=winners, losers=lost)
+
+
+def is_crash(exc: BaseException) -> bool:
+    """True when ``exc`` is a SimulatedCrash, or a group made only of them."""
+    if isinstance(exc, BaseExceptionGroup):
+        return all(is_crash(e) for e in exc.exceptions)
+    return isinstance(exc, SimulatedCrash)
 
 
 async def keys(store: ObjectStore, prefix: str = "") -> list[str]:
