@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 from .._errors import ConfigError
-from ..queue._connect import connect
-from ..queue._fleet_meta import read_fleet_meta
-from ..queue._publisher import SyncPublisher
+from ..queue import SyncPublisher, connect, read_fleet_meta
 from ._config import ProducerConfig
 from ._executor_runtime import process_runtime
 

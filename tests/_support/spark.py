@@ -35,7 +35,7 @@ def spark_session_fixture(
 
     @pytest.fixture(scope="module")
     def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
-        from shared.queue._publisher import SyncPublisher
+        from shared.queue import SyncPublisher
         from shared.spark import local_spark_session
 
         session = local_spark_session(

@@ -31,8 +31,7 @@ from shared.events import (
     decode_entry,
     staging_prefix,
 )
-from shared.queue._keys import Keys
-from shared.queue._routing import shard_of
+from shared.queue import Keys, shard_of
 from shared.spark import JobCancelledError, ProducerConfig, commit_job, max_watermark
 from tests._support.spark import spark_session_fixture
 from tests._support.wait import wait_for_sync
