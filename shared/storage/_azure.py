@@ -10,7 +10,8 @@
 - Credentials: ``azure_connection_string``, else the ``AZURE_STORAGE_CONNECTION_STRING`` environment
   variable, else ``azure_account_url`` with the account key in ``AZURE_STORAGE_KEY`` (account name from
   ``AZURE_STORAGE_ACCOUNT`` or the URL's first host label), or with a SAS token in the URL itself.
-- The SDK retries connection errors and 5xx twice (about a second apart); a retried conditional
+- The SDK retries connection errors, timeouts and 5xx (``store.sdk_attempts`` attempts in all, default 3,
+  about a second apart); a retried conditional
   upload whose first attempt took effect answers 409/412, so a PreconditionFailed is not proof that
   someone else won: callers that must know re-read.
 """
@@ -57,7 +58,8 @@ _COPY_POLL = 0.05
 def translate_error(exc: AzureError, op: Op, what: str) -> CommitfleetError:
     """Return the :mod:`shared._errors` exception that ``exc`` (from ``op`` on ``what``) means.
 
-    Pure: looks only at the exception. 412, and 409 BlobAlreadyExists -> PreconditionFailed; 404 ->
+    Pure: looks only at the exception. 412, and 409 BlobAlreadyExists -> PreconditionFailed on a
+    conditional write (TransientError elsewhere: the blob changed during a ranged read); 404 ->
     PreconditionFailed on a conditional write, ConfigError when the container is missing, else
     NotFound; 429 / 503 -> Throttled; other 5xx, 408 and other 409 -> TransientError; 401/403 ->
     ConfigError; other 4xx -> BadInput. A request that could not be sent -> TransientError; a
@@ -65,10 +67,11 @@ def translate_error(exc: AzureError, op: Op, what: str) -> CommitfleetError:
     """
     if isinstance(exc, HttpResponseError) and exc.status_code is not None:
         status = exc.status_code
-        code = str(exc.error_code or "")
+        code = str(getattr(exc, "error_code", None) or "")
         msg = f"Azure {op} {what}: {status} {code}".rstrip()
         if status == 412 or (isinstance(exc, ResourceExistsError) and code == "BlobAlreadyExists"):
-            return PreconditionFailed(msg)
+            # Outside a conditional write, a 412 means the blob changed under a multi-range download.
+            return PreconditionFailed(msg) if op == "cond" else TransientError(msg)
         if status in (429, 503):
             return Throttled(msg)
         if status >= 500 or status in (408, 409):
@@ -89,6 +92,11 @@ def translate_error(exc: AzureError, op: Op, what: str) -> CommitfleetError:
 
 def _md5_hex(md5: bytes | bytearray | None) -> str | None:
     return bytes(md5).hex() if md5 else None
+
+
+def _etag(etag: str) -> str:
+    # Listings give the ETag bare, everything else quoted: one spelling, so versions compare equal.
+    return etag if etag.startswith('"') else f'"{etag}"'
 
 
 def connection_kwargs(settings: StoreSettings, env: dict[str, str] | os._Environ[str]) -> dict[str, Any]:
@@ -144,7 +152,9 @@ class AzureStore:
 
             # Short SDK retries: the callers' RetryPolicy does the patient retrying.
             options: dict[str, Any] = {
-                "retry_policy": LinearRetry(backoff=1, retry_total=2, random_jitter_range=1),
+                "retry_policy": LinearRetry(
+                    backoff=1, retry_total=self._settings.sdk_attempts - 1, random_jitter_range=1
+                ),
                 "connection_timeout": self._settings.request_timeout,
                 "read_timeout": self._settings.request_timeout,
             }
@@ -173,7 +183,10 @@ class AzureStore:
             raise translate_error(exc, "read", full) from exc
         props = stream.properties
         info = ObjectInfo(
-            key=key, size=len(data), version=props.etag, checksum=_md5_hex(props.content_settings.content_md5)
+            key=key,
+            size=len(data),
+            version=_etag(props.etag),
+            checksum=_md5_hex(props.content_settings.content_md5),
         )
         return ObjectData(info=info, data=bytes(data))
 
@@ -184,7 +197,10 @@ class AzureStore:
         except AzureError as exc:
             raise translate_error(exc, "read", full) from exc
         return ObjectInfo(
-            key=key, size=props.size, version=props.etag, checksum=_md5_hex(props.content_settings.content_md5)
+            key=key,
+            size=props.size,
+            version=_etag(props.etag),
+            checksum=_md5_hex(props.content_settings.content_md5),
         )
 
     async def _upload(self, key: str, data: bytes, op: Op, **cond: Any) -> ObjectInfo:
@@ -193,7 +209,9 @@ class AzureStore:
             resp = await self._cc().get_blob_client(full).upload_blob(data, **cond)
         except AzureError as exc:
             raise translate_error(exc, op, full) from exc
-        return ObjectInfo(key=key, size=len(data), version=resp["etag"], checksum=_md5_hex(resp.get("content_md5")))
+        return ObjectInfo(
+            key=key, size=len(data), version=_etag(resp["etag"]), checksum=_md5_hex(resp.get("content_md5"))
+        )
 
     async def write(self, key: str, data: bytes) -> ObjectInfo:
         return await self._upload(key, data, "write", overwrite=True)
@@ -240,29 +258,38 @@ class AzureStore:
                 if status != "pending":
                     break
                 if time.monotonic() > deadline:
-                    raise TransientError(f"Azure copy {what}: still pending after {self._settings.request_timeout}s")
+                    raise TransientError(
+                        f"Azure copy {what}: still pending after {self._settings.request_timeout}s"
+                    )
                 await asyncio.sleep(_COPY_POLL)
         except AzureError as exc:
             raise translate_error(exc, "copy", what) from exc
         if status != "success":
             raise TransientError(f"Azure copy {what}: ended {status}: {props.copy.status_description}")
         return ObjectInfo(
-            key=dst, size=props.size, version=props.etag, checksum=_md5_hex(props.content_settings.content_md5)
+            key=dst,
+            size=props.size,
+            version=_etag(props.etag),
+            checksum=_md5_hex(props.content_settings.content_md5),
         )
 
     async def list(self, prefix: str = "", *, page_size: int = 1000) -> AsyncIterator[ObjectInfo]:
         check_prefix(prefix)
         cut = len(self._root)
-        pages = self._cc().list_blobs(
-            name_starts_with=self._root + prefix, results_per_page=max(1, min(page_size, _MAX_PAGE))
-        ).by_page()
+        pages = (
+            self._cc()
+            .list_blobs(
+                name_starts_with=self._root + prefix, results_per_page=max(1, min(page_size, _MAX_PAGE))
+            )
+            .by_page()
+        )
         try:
             async for page in pages:
                 async for item in page:
                     yield ObjectInfo(
                         key=item.name[cut:],
                         size=item.size,
-                        version=item.etag,
+                        version=_etag(item.etag),
                         checksum=_md5_hex(item.content_settings.content_md5),
                     )
         except AzureError as exc:

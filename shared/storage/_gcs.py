@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import math
 from collections.abc import AsyncIterator
 from types import TracebackType
 from typing import Any, Literal, Self
@@ -110,7 +109,7 @@ class GcsStore:
         self._root = f"{prefix}/" if prefix else ""
         self._settings = settings
         self._url = url
-        self._timeout = max(1, math.ceil(settings.request_timeout))
+        self._timeout = settings.request_timeout
         self._session: aiohttp.ClientSession | None = None
         self._storage: Any = None
 
@@ -124,7 +123,8 @@ class GcsStore:
 
             self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64))
             try:
-                self._storage = Storage(session=self._session, api_root=self._settings.gcs_endpoint or None)
+                session: Any = self._session  # gcloud's annotation names its own wrapper type
+                self._storage = Storage(session=session, api_root=self._settings.gcs_endpoint or None)
             except (ValueError, OSError) as exc:  # unreadable or malformed credentials file
                 raise ConfigError(f"GCS credentials for {self._url}: {exc}") from exc
         return self._storage

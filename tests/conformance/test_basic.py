@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 import pytest
 
 from shared._errors import BadInput, NotFound
@@ -89,12 +91,25 @@ async def test_unusual_but_safe_keys_round_trip(any_store: ObjectStore) -> None:
     assert listed == sorted(SPECIAL_KEYS)
 
 
-UNSAFE_KEYS = ["", "/abs", "a/../b", "..", "a//b", "./a", "a/.", "a\\b", "a\x00b", "tab\tkey", ".cf/x", "x" * 1025]
+UNSAFE_KEYS = [
+    "",
+    "/abs",
+    "a/../b",
+    "..",
+    "a//b",
+    "./a",
+    "a/.",
+    "a\\b",
+    "a\x00b",
+    "tab\tkey",
+    ".cf/x",
+    "x" * 1025,
+]
 
 
 @pytest.mark.parametrize("key", UNSAFE_KEYS, ids=lambda k: repr(k)[:20])
 async def test_unsafe_keys_are_rejected(any_store: ObjectStore, key: str) -> None:
-    calls = [
+    calls: list[Callable[[], Awaitable[object]]] = [
         lambda: any_store.read(key),
         lambda: any_store.head(key),
         lambda: any_store.write(key, b"x"),

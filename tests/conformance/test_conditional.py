@@ -122,14 +122,20 @@ async def _contend(
     return winners, failures
 
 
+def _create(key: str) -> Callable[[ObjectStore, int], Awaitable[ObjectInfo]]:
+    return lambda store, i: store.write_if_absent(key, f"contender {i}".encode())
+
+
+def _swap(key: str, version: str) -> Callable[[ObjectStore, int], Awaitable[ObjectInfo]]:
+    return lambda store, i: store.write_if_match(key, f"contender {i}".encode(), version)
+
+
 async def test_concurrent_write_if_absent_has_exactly_one_winner(
     any_store: ObjectStore, store_factory: StoreFactory
 ) -> None:
     for round_ in range(3):
         key = f"race/{round_}"
-        winners, failures = await _contend(
-            store_factory, lambda store, i: store.write_if_absent(key, f"contender {i}".encode())
-        )
+        winners, failures = await _contend(store_factory, _create(key))
         assert failures == []
         assert len(winners) == 1, winners
         assert (await any_store.read(key)).data == f"contender {winners[0]}".encode()
@@ -141,9 +147,7 @@ async def test_concurrent_write_if_match_has_exactly_one_winner(
     for round_ in range(3):
         key = f"cas/{round_}"
         base = await any_store.write(key, b"base")
-        winners, failures = await _contend(
-            store_factory, lambda store, i: store.write_if_match(key, f"contender {i}".encode(), base.version)
-        )
+        winners, failures = await _contend(store_factory, _swap(key, base.version))
         assert failures == []
         assert len(winners) == 1, winners
         assert (await any_store.read(key)).data == f"contender {winners[0]}".encode()
