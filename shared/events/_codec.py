@@ -15,7 +15,7 @@ from typing import Any, Final
 import msgspec
 
 from ._admin_events import ADMIN_EVENT_TYPES, AdminEvent
-from ._invalid import InvalidMessage
+from ._invalid import InvalidMessage, shown
 from ._queue_events import QUEUE_EVENT_TYPES, SCHEMA_VERSION, QueueEvent
 from ._signing import sign, verify
 from ._validation import ValidationLimits, validate_event
@@ -67,7 +67,7 @@ def _classify(
     except (msgspec.DecodeError, RecursionError):
         return InvalidMessage("schema", str(exc))
     if isinstance(env.type, str) and env.type not in types:
-        return InvalidMessage("unknown_type", f"unknown event type {env.type!r} - at `$.type`")
+        return InvalidMessage("unknown_type", f"unknown event type {shown(env.type)} - at `$.type`")
     v = SCHEMA_VERSION if env.v is None else env.v
     if isinstance(v, int) and not isinstance(v, bool) and v != SCHEMA_VERSION:
         return InvalidMessage(

@@ -24,6 +24,17 @@ RejectReason = Literal[
 REJECT_REASONS: Final[frozenset[str]] = frozenset(get_args(RejectReason))
 
 
+MAX_DETAIL: Final = 1000
+"""Details are cut to this many characters: they travel to dead-letter entries and logs."""
+
+
+def shown(value: str, limit: int = 160) -> str:
+    """Return ``repr(value)``, cut to about ``limit`` characters for error details."""
+    if len(value) <= limit:
+        return repr(value)
+    return f"{value[:limit]!r}... ({len(value)} characters)"
+
+
 class InvalidMessage(BadInput):
     """A queue or admin message that can never be processed.
 
@@ -35,6 +46,8 @@ class InvalidMessage(BadInput):
     def __init__(self, reason: RejectReason, detail: str) -> None:
         if reason not in REJECT_REASONS:  # a programming error, not bad input
             raise ValueError(f"unknown reject reason {reason!r}")
+        if len(detail) > MAX_DETAIL:
+            detail = detail[: MAX_DETAIL - 3] + "..."
         super().__init__(f"{reason}: {detail}")
         self.reason: RejectReason = reason
         self.detail = detail

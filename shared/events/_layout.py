@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from typing import Final, NamedTuple
 
-from ._invalid import InvalidMessage
+from ._invalid import InvalidMessage, shown
 from ._queue_events import JOB_PATTERN
 
 STAGING: Final = "_staging"
@@ -45,7 +45,7 @@ def check_job(job: str) -> str:
         InvalidMessage: ``bad_job``.
     """
     if not _JOB_RE.fullmatch(job):
-        raise InvalidMessage("bad_job", f"job id {job!r} does not match {JOB_PATTERN}")
+        raise InvalidMessage("bad_job", f"job id {shown(job)} does not match {JOB_PATTERN}")
     return job
 
 
@@ -60,7 +60,7 @@ def check_dataset_segment(dataset: str) -> str:
     """
     if len(dataset) > 128 or not _SAFE_DATASET_RE.fullmatch(dataset):
         raise InvalidMessage(
-            "bad_dataset", f"dataset {dataset!r} is not one safe segment of 1..128 characters"
+            "bad_dataset", f"dataset {shown(dataset)} is not one safe segment of 1..128 characters"
         )
     return dataset
 
@@ -77,21 +77,21 @@ def check_rel_path(path: str) -> list[str]:
     if not path:
         raise InvalidMessage("unsafe_path", "file path is empty")
     if path.startswith("/"):
-        raise InvalidMessage("unsafe_path", f"file path {path!r} is absolute")
+        raise InvalidMessage("unsafe_path", f"file path {shown(path)} is absolute")
     bad = _BAD_PATH_CHARS.search(path)
     if bad:
         raise InvalidMessage(
-            "unsafe_path", f"file path {path!r} has a backslash or control character {bad.group()!r}"
+            "unsafe_path", f"file path {shown(path)} has a backslash or control character {bad.group()!r}"
         )
     parts = path.split("/")
     for part in parts:
         if part in ("", ".", ".."):
-            raise InvalidMessage("unsafe_path", f"file path {path!r} has an empty, '.' or '..' segment")
+            raise InvalidMessage("unsafe_path", f"file path {shown(path)} has an empty, '.' or '..' segment")
         if len(part.encode()) > MAX_SEGMENT_BYTES:
-            raise InvalidMessage("unsafe_path", f"file path {path!r} has a segment over 255 bytes")
+            raise InvalidMessage("unsafe_path", f"file path {shown(path)} has a segment over 255 bytes")
     if len(parts) > 1 and parts[0].startswith("_"):
         raise InvalidMessage(
-            "unsafe_path", f"file path {path!r} starts with a folder beginning with '_' (reserved)"
+            "unsafe_path", f"file path {shown(path)} starts with a folder beginning with '_' (reserved)"
         )
     return parts
 
@@ -104,7 +104,7 @@ def _check_index(name: str, value: int) -> int:
 
 def _fits(key: str) -> str:
     if len(key.encode()) > MAX_KEY_BYTES:
-        raise InvalidMessage("unsafe_path", f"derived key is over {MAX_KEY_BYTES} bytes: {key[:80]!r}...")
+        raise InvalidMessage("unsafe_path", f"derived key is over {MAX_KEY_BYTES} bytes: {shown(key, 80)}")
     return key
 
 
@@ -156,11 +156,11 @@ def parse_staged_key(key: str) -> StagedKey:
     """
     parts = key.split("/", 4)
     if len(parts) != 5 or parts[0] != STAGING:
-        raise InvalidMessage("unsafe_path", f"{key!r} is not a staged file key")
+        raise InvalidMessage("unsafe_path", f"{shown(key)} is not a staged file key")
     _, job, dataset, attempt_dir, rel = parts
     m = _ATTEMPT_RE.fullmatch(attempt_dir)
     if not m:
-        raise InvalidMessage("unsafe_path", f"{key!r} has no '<task>-<attempt>' folder")
+        raise InvalidMessage("unsafe_path", f"{shown(key)} has no '<task>-<attempt>' folder")
     check_job(job)
     check_dataset_segment(dataset)
     check_rel_path(rel)
@@ -182,7 +182,7 @@ def published_key(dataset: str, job: str, task: int, rel_path: str) -> str:
     parts = check_rel_path(rel_path)
     name = f"{check_job(job)}-{_check_index('task', task):05d}-{parts[-1]}"
     if len(name.encode()) > MAX_SEGMENT_BYTES:
-        raise InvalidMessage("unsafe_path", f"published file name {name[:80]!r}... is over 255 bytes")
+        raise InvalidMessage("unsafe_path", f"published file name {shown(name, 80)} is over 255 bytes")
     return _fits("/".join([check_dataset_segment(dataset), *parts[:-1], name]))
 
 
@@ -227,5 +227,5 @@ def lock_key(name: str) -> str:
         InvalidMessage: ``unsafe_path`` when ``name`` is not one safe segment.
     """
     if len(name) > 200 or not name or name in (".", "..") or "/" in name or _BAD_PATH_CHARS.search(name):
-        raise InvalidMessage("unsafe_path", f"lock name {name!r} is not one safe segment")
+        raise InvalidMessage("unsafe_path", f"lock name {shown(name)} is not one safe segment")
     return f"{LOCKS}/{name}.json"

@@ -14,7 +14,7 @@ from typing import Final, Self
 
 from .._errors import ConfigError
 from .._settings import SecuritySettings
-from ._invalid import InvalidMessage
+from ._invalid import InvalidMessage, shown
 from ._layout import (
     MAX_KEY_BYTES,
     MAX_SEGMENT_BYTES,
@@ -86,7 +86,7 @@ class ValidationLimits:
             return name
         if not self._dataset_re.fullmatch(name):
             raise InvalidMessage(
-                "bad_dataset", f"dataset {name!r} does not match {self.dataset_pattern} - at `{where}`"
+                "bad_dataset", f"dataset {shown(name)} does not match {self.dataset_pattern} - at `{where}`"
             )
         try:
             check_dataset_segment(name)
@@ -122,7 +122,9 @@ def _check_dataset_list(names: Iterable[str], limits: ValidationLimits) -> None:
     for i, name in enumerate(names):
         limits.check_dataset(name, f"$.datasets[{i}]")
         if name in seen:
-            raise InvalidMessage("inconsistent", f"dataset {name!r} is listed twice - at `$.datasets[{i}]`")
+            raise InvalidMessage(
+                "inconsistent", f"dataset {shown(name)} is listed twice - at `$.datasets[{i}]`"
+            )
         seen.add(name)
     if not seen:
         raise InvalidMessage("inconsistent", "the event names no dataset - at `$.datasets`")
@@ -132,7 +134,7 @@ def _check_expectation(name: str, exp: DatasetExpectation) -> None:
     if exp.winners is not None and len(exp.winners) != exp.tasks:
         raise InvalidMessage(
             "inconsistent",
-            f"dataset {name!r} expects {exp.tasks} tasks but names {len(exp.winners)} winners"
+            f"dataset {shown(name)} expects {exp.tasks} tasks but names {len(exp.winners)} winners"
             f" - at `$.datasets.{name}.winners`",
         )
 
@@ -167,18 +169,18 @@ def _check_task_finished(ev: TaskFinished, limits: ValidationLimits) -> None:
         if size > room:
             raise InvalidMessage(
                 "unsafe_path",
-                f"file path {path[:60]!r}... leads to a key over {MAX_KEY_BYTES} bytes"
+                f"file path {shown(path, 60)} leads to a key over {MAX_KEY_BYTES} bytes"
                 f" - at `{_where(ev, path)}`",
             )
         if name_prefix + basename_size > MAX_SEGMENT_BYTES:
             raise InvalidMessage(
                 "unsafe_path",
-                f"published file name <job>-<task>-{path.rpartition('/')[2][:40]!r}... is over"
+                f"published file name <job>-<task>-{shown(path.rpartition('/')[2], 40)} is over"
                 f" {MAX_SEGMENT_BYTES} bytes - at `{_where(ev, path)}`",
             )
         if path in seen:
             raise InvalidMessage(
-                "inconsistent", f"file {path!r} is listed twice - at `{_where(ev, path, last=True)}`"
+                "inconsistent", f"file {shown(path)} is listed twice - at `{_where(ev, path, last=True)}`"
             )
         seen.add(path)
 

@@ -507,3 +507,13 @@ def test_accepted_names_memo_never_admits_a_bad_name() -> None:
     # The memo is per limits object: a stricter fleet does not inherit another's accepted names.
     stricter = ValidationLimits(dataset_pattern=r"^x$")
     assert reject(good, stricter).reason == "bad_dataset"
+
+
+def test_details_stay_short_for_huge_values() -> None:
+    huge = "/" + "a" * 500_000
+    err = reject(raw(task_finished()) | {"files": [{"path": huge, "size": 1}]})
+    assert err.reason == "unsafe_path"
+    assert len(err.detail) < 400 and "(500001 characters)" in err.detail and "$.files[0].path" in err.detail
+    err = reject(raw(task_finished()) | {"x" * 100_000: 1})  # msgspec's own message names the field
+    assert err.reason == "schema" and len(err.detail) <= 1000
+    assert len(InvalidMessage("schema", "d" * 5000).detail) == 1000
