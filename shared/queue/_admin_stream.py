@@ -9,7 +9,7 @@ of a newer fleet version) are skipped by readers and logged.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 import redis.asyncio
 
@@ -97,7 +97,7 @@ async def follow_admin(
     block_ms: int = 1000,
     count: int = 100,
     policy: RetryPolicy | None = None,
-) -> AsyncIterator[tuple[bytes, AdminEvent]]:
+) -> AsyncGenerator[tuple[bytes, AdminEvent], None]:
     """Yield ``(stream id, event)`` for every admin event after ``from_id``, forever.
 
     ``from_id`` ``"$"`` means events appended from now on (resolved to the
@@ -110,6 +110,7 @@ async def follow_admin(
             (each read gets a fresh budget, so a Redis restart is survived).
 
     Cancellation: stops at once; resume with ``from_id`` = the last id seen.
+    Close the generator (``aclose``) when you stop iterating early.
     """
     policy = policy or RetryPolicy()
     last: bytes

@@ -160,14 +160,16 @@ class ShardConsumer:
         Cancellation: entries this read took stay pending to us and come back
         from the next ``read`` (or ``read_pending`` after a restart).
         """
-        if self._resync:
-            lost = await self._xreadgroup(self._high or b"0", count, None)
-            if lost:
-                return self._seen(lost)
-            self._resync = False
         try:
+            if self._resync:
+                lost = await self._xreadgroup(self._high or b"0", count, None)
+                if lost:
+                    return self._seen(lost)
+                self._resync = False
             entries = await self._xreadgroup(b">", count, block_ms)
         except NotFound:
+            # The group is gone, and with it our pending list: nothing to resync.
+            self._resync = False
             await self.ensure_group()
             return []
         except BaseException:

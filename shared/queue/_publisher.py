@@ -38,6 +38,7 @@ T = TypeVar("T")
 DEFAULT_BATCH = 500
 
 Fields = Mapping[str, bytes] | Mapping[bytes, bytes]
+OnRetry = Callable[[int, BaseException], None]
 
 
 def _secret_bytes(secret: bytes | str | None) -> bytes | None:
@@ -75,7 +76,8 @@ class AsyncPublisher:
     ``secret`` turns on HMAC signing (``sig`` field); ``maxlen`` caps each
     shard stream approximately (off by default: trimming can drop entries
     that were never consumed); ``policy`` bounds the retries of transient
-    errors. The caller owns ``redis_client``.
+    errors and ``on_retry(attempt, error)`` is called before each retry (for
+    logs and metrics). The caller owns ``redis_client``.
     """
 
     def __init__(
@@ -87,6 +89,7 @@ class AsyncPublisher:
         secret: bytes | str | None = None,
         maxlen: int | None = None,
         policy: RetryPolicy | None = None,
+        on_retry: OnRetry | None = None,
     ) -> None:
         self.redis = redis_client
         self.keys = Keys(fleet)
@@ -94,11 +97,16 @@ class AsyncPublisher:
         self.secret = _secret_bytes(secret)
         self.maxlen = maxlen
         self.policy = policy or RetryPolicy()
+        self.on_retry = on_retry
         self._checked = False
 
     async def _check_fleet(self) -> None:
         if not self._checked:
-            await retry(lambda: ensure_fleet(self.redis, self.keys.fleet, self.shards), self.policy)
+            await retry(
+                lambda: ensure_fleet(self.redis, self.keys.fleet, self.shards),
+                self.policy,
+                on_retry=self.on_retry,
+            )
             self._checked = True
 
     async def publish(self, ev: QueueEvent) -> list[bytes]:
@@ -143,11 +151,11 @@ class AsyncPublisher:
                             pipe.xadd(self.keys.events(shard), dict(fields), **extra)  # type: ignore[arg-type]
                         return list(await pipe.execute())
 
-            ids.extend(await retry(send, self.policy))
+            ids.extend(await retry(send, self.policy, on_retry=self.on_retry))
         return ids
 
 
-def retry_sync(fn: Callable[[], T], policy: RetryPolicy) -> T:
+def retry_sync(fn: Callable[[], T], policy: RetryPolicy, *, on_retry: OnRetry | None = None) -> T:
     """Blocking twin of :func:`shared._retry.retry` (for code without an event loop).
 
     Returns what ``fn()`` returned; raises the last retryable error once the
@@ -155,13 +163,17 @@ def retry_sync(fn: Callable[[], T], policy: RetryPolicy) -> T:
     """
     start = time.monotonic()
     delays = policy.delays()
+    attempt = 0
     while True:
+        attempt += 1
         try:
             return fn()
-        except policy.retry_on:
+        except policy.retry_on as exc:
             delay = next(delays, None)
             if delay is None or time.monotonic() - start + delay > policy.budget:
                 raise
+            if on_retry is not None:
+                on_retry(attempt, exc)
             time.sleep(delay)
 
 
@@ -186,6 +198,7 @@ class SyncPublisher:
         secret: bytes | str | None = None,
         maxlen: int | None = None,
         policy: RetryPolicy | None = None,
+        on_retry: OnRetry | None = None,
     ) -> None:
         self.redis = redis_client
         self.keys = Keys(fleet)
@@ -193,6 +206,7 @@ class SyncPublisher:
         self.secret = _secret_bytes(secret)
         self.maxlen = maxlen
         self.policy = policy or RetryPolicy()
+        self.on_retry = on_retry
         self._checked = False
 
     @classmethod
@@ -241,7 +255,11 @@ class SyncPublisher:
 
     def _check_fleet(self) -> None:
         if not self._checked:
-            retry_sync(lambda: ensure_fleet_sync(self.redis, self.keys.fleet, self.shards), self.policy)
+            retry_sync(
+                lambda: ensure_fleet_sync(self.redis, self.keys.fleet, self.shards),
+                self.policy,
+                on_retry=self.on_retry,
+            )
             self._checked = True
 
     def publish(self, ev: QueueEvent) -> list[bytes]:
@@ -273,7 +291,7 @@ class SyncPublisher:
                         pipe.xadd(self.keys.events(shard), dict(fields), **extra)  # type: ignore[arg-type]
                     return list(pipe.execute())
 
-            ids.extend(retry_sync(send, self.policy))
+            ids.extend(retry_sync(send, self.policy, on_retry=self.on_retry))
         return ids
 
 

@@ -59,7 +59,8 @@ def _ping(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
             s.sendall(b"PING\r\n")
-            return s.recv(64).startswith(b"+PONG")
+            # -NOAUTH (a password is required) also means the server is up.
+            return s.recv(64).startswith((b"+PONG", b"-NOAUTH"))
     except OSError:
         return False
 
