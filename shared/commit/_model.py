@@ -52,7 +52,8 @@ class ManifestFile(msgspec.Struct, frozen=True, kw_only=True):
 class Manifest(msgspec.Struct, frozen=True, kw_only=True):
     """The commit manifest ``<dataset>/_commits/<job>.json``: the proof that a commit is complete.
 
-    ``epoch`` is the lock epoch of the holder that wrote it; two manifests
+    ``epoch`` is the lock epoch of the holder that planned the sequence (a
+    holder that recovers it writes the planned manifest unchanged); two manifests
     with the same dataset, job, files and watermarks are the same commit
     whatever their epoch and time (see :meth:`same_commit`).
     """

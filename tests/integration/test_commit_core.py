@@ -29,8 +29,8 @@ from tests.integration.test_commit_support import (
     ManualLease,
     StagedJob,
     assert_exactly_once,
+    expect_crash,
     fast_settings,
-    is_crash,
     keys,
     stage_job,
 )
@@ -71,16 +71,16 @@ async def test_crash_at_every_step_boundary_then_recovery_commits_exactly_once(
     any_store: ObjectStore, store_target: StoreTarget, when: str
 ) -> None:
     n = await _mutations_of_a_clean_commit(any_store)
-    assert n >= 14  # WAL create, 4 x (copy, delete), 3 progress writes, watermarks, manifest, cleanup, WAL delete
+    assert (
+        n >= 14
+    )  # WAL create, 4 x (copy, delete), 3 progress writes, watermarks, manifest, cleanup, WAL delete
     jobs: list[StagedJob] = []
     for k in _sample(n, store_target.backend):
         dataset = f"ds{k}"
         job = await stage_job(any_store, dataset, "job-1", seed=k)
         jobs.append(job)
         crashing = FaultStore(any_store, crash_at=k, crash_when=when)
-        with pytest.raises(BaseException) as info:  # noqa: PT011 - a crash is a BaseException
-            await commit_dataset(crashing, job.req, ManualLease(dataset, 1), SETTINGS)
-        assert is_crash(info.value), info.value
+        await expect_crash(commit_dataset(crashing, job.req, ManualLease(dataset, 1), SETTINGS))
         res = await commit_dataset(any_store, job.req, ManualLease(dataset, 2), SETTINGS)
         assert res.ok, res
         # Once the log is written, the next holder recovers it; before, it plans afresh.
@@ -109,9 +109,7 @@ async def test_crash_while_recovering_is_recovered_again(any_store: ObjectStore)
     job = await stage_job(any_store, "ds", "job-1")
     for epoch, crash_at in ((1, 6), (2, 3), (3, 2)):
         crashing = FaultStore(any_store, crash_at=crash_at, crash_when="after")
-        with pytest.raises(BaseException) as info:  # noqa: PT011
-            await commit_dataset(crashing, job.req, ManualLease("ds", epoch), SETTINGS)
-        assert is_crash(info.value)
+        await expect_crash(commit_dataset(crashing, job.req, ManualLease("ds", epoch), SETTINGS))
     res = await commit_dataset(any_store, job.req, ManualLease("ds", 4), SETTINGS)
     assert res.ok and res.recovered
     await assert_exactly_once(any_store, job)
@@ -120,8 +118,7 @@ async def test_crash_while_recovering_is_recovered_again(any_store: ObjectStore)
 async def test_an_older_unfinished_sequence_is_finished_before_a_new_commit(any_store: ObjectStore) -> None:
     first = await stage_job(any_store, "ds", "job-1", seed=1)
     crashing = FaultStore(any_store, crash_at=4, crash_when="after")
-    with pytest.raises(BaseException):  # noqa: PT011
-        await commit_dataset(crashing, first.req, ManualLease("ds", 1), SETTINGS)
+    await expect_crash(commit_dataset(crashing, first.req, ManualLease("ds", 1), SETTINGS))
     unfinished = await list_unfinished(any_store)
     assert [(u.dataset, u.job) for u in unfinished] == [("ds", "job-1")]
     second = await stage_job(any_store, "ds", "job-2", seed=2)
@@ -138,8 +135,7 @@ async def test_recover_dataset_finishes_each_unfinished_sequence_oldest_first(an
         jobs.append(job)
         # Call 10 is the log write after the publish phase (1 create + 4 x (copy, delete) + 1).
         crashing = FaultStore(any_store, crash_at=10, crash_when="after")
-        with pytest.raises(BaseException):  # noqa: PT011
-            await commit_dataset(crashing, job.req, ManualLease(dataset, 1), SETTINGS)
+        await expect_crash(commit_dataset(crashing, job.req, ManualLease(dataset, 1), SETTINGS))
         assert crashing.calls[-1] == ("write_if_match", f"_wal/{dataset}/job-1.json")
     assert [u.dataset for u in await list_unfinished(any_store)] == ["a", "b"]
     assert [u.job for u in await list_unfinished(any_store, "b")] == ["job-1"]
@@ -173,8 +169,7 @@ async def test_a_stale_holder_is_fenced_at_its_next_log_write(any_store: ObjectS
 async def test_a_log_held_by_a_higher_epoch_is_never_touched(any_store: ObjectStore) -> None:
     job = await stage_job(any_store, "ds", "job-1")
     crashing = FaultStore(any_store, crash_at=1, crash_when="after")  # log written with epoch 5, then crash
-    with pytest.raises(BaseException):  # noqa: PT011
-        await commit_dataset(crashing, job.req, ManualLease("ds", 5), SETTINGS)
+    await expect_crash(commit_dataset(crashing, job.req, ManualLease("ds", 5), SETTINGS))
     before = await any_store.read(wal_key("ds", "job-1"))
     with pytest.raises(Fenced):
         await commit_dataset(any_store, job.req, ManualLease("ds", 4), SETTINGS)
@@ -199,7 +194,9 @@ async def test_losing_the_lease_stops_the_work_and_the_next_holder_finishes(any_
     await assert_exactly_once(any_store, job)
 
 
-async def test_quarantine_sets_one_dataset_aside_while_others_commit_then_retry(any_store: ObjectStore) -> None:
+async def test_quarantine_sets_one_dataset_aside_while_others_commit_then_retry(
+    any_store: ObjectStore,
+) -> None:
     settings = fast_settings(attempts=3)
     bad1 = await stage_job(any_store, "bad", "job-1", seed=1)
     goods = [await stage_job(any_store, f"good{n}", "job-1", seed=n) for n in range(3)]
@@ -212,7 +209,11 @@ async def test_quarantine_sets_one_dataset_aside_while_others_commit_then_retry(
         ]
     res = bad_task.result()
     assert res.status == "quarantined" and not res.ok
-    assert res.quarantined is not None and "retry budget spent" in res.quarantined and "Throttled" in res.quarantined
+    assert (
+        res.quarantined is not None
+        and "retry budget spent" in res.quarantined
+        and "Throttled" in res.quarantined
+    )
     assert all(t.result().ok for t in good_tasks)
     seq = await read_sequence(any_store, "bad", "job-1")
     assert seq is not None and seq.quarantined == res.quarantined and seq.attempts == 1
@@ -273,8 +274,7 @@ async def test_skip_refuses_to_roll_back_data_whose_watermarks_are_in_place(any_
     # what meets the conflict. Write the log by crashing just after it is created.
     await any_store.delete(manifest_key("ds", "job-1"))
     crashing = FaultStore(any_store, crash_at=1, crash_when="after")
-    with pytest.raises(BaseException):  # noqa: PT011
-        await commit_dataset(crashing, job.req, ManualLease("ds", 1), SETTINGS)
+    await expect_crash(commit_dataset(crashing, job.req, ManualLease("ds", 1), SETTINGS))
     await any_store.write(
         manifest_key("ds", "job-1"),
         msgspec.json.encode(
@@ -308,8 +308,7 @@ async def test_skip_after_the_manifest_only_forgets_the_log(any_store: ObjectSto
 async def test_skip_refuses_a_sequence_that_is_not_quarantined(any_store: ObjectStore) -> None:
     job = await stage_job(any_store, "ds", "job-1")
     crashing = FaultStore(any_store, crash_at=1, crash_when="after")
-    with pytest.raises(BaseException):  # noqa: PT011
-        await commit_dataset(crashing, job.req, ManualLease("ds", 1), SETTINGS)
+    await expect_crash(commit_dataset(crashing, job.req, ManualLease("ds", 1), SETTINGS))
     with pytest.raises(BadInput, match="not quarantined"):
         await skip_quarantined(any_store, "ds", "job-1", ManualLease("ds", 2), SETTINGS)
     assert (await commit_dataset(any_store, job.req, ManualLease("ds", 3), SETTINGS)).ok
@@ -325,11 +324,12 @@ async def test_abort_deletes_staged_output_unless_a_commit_won(any_store: Object
     # A commit that has written its log wins over a later abort.
     racing = await stage_job(any_store, "b", "job-1")
     crashing = FaultStore(any_store, crash_at=1, crash_when="after")
-    with pytest.raises(BaseException):  # noqa: PT011
-        await commit_dataset(crashing, racing.req, ManualLease("b", 1), SETTINGS)
+    await expect_crash(commit_dataset(crashing, racing.req, ManualLease("b", 1), SETTINGS))
     res = await abort_dataset(any_store, "b", "job-1", ManualLease("b", 2), SETTINGS)
     assert res.status == "commit_in_progress" and res.files_deleted == 0
-    assert sorted(await keys(any_store, staging_prefix("job-1", "b"))) == sorted([*racing.winners, *racing.losers])
+    assert sorted(await keys(any_store, staging_prefix("job-1", "b"))) == sorted(
+        [*racing.winners, *racing.losers]
+    )
     assert (await commit_dataset(any_store, racing.req, ManualLease("b", 3), SETTINGS)).ok
 
     res = await abort_dataset(any_store, "b", "job-1", ManualLease("b", 4), SETTINGS)
@@ -340,8 +340,7 @@ async def test_abort_deletes_staged_output_unless_a_commit_won(any_store: Object
 async def test_cleanup_of_a_late_attempt_spares_a_running_commit(any_store: ObjectStore) -> None:
     job = await stage_job(any_store, "ds", "job-1")
     crashing = FaultStore(any_store, crash_at=1, crash_when="after")
-    with pytest.raises(BaseException):  # noqa: PT011
-        await commit_dataset(crashing, job.req, ManualLease("ds", 1), SETTINGS)
+    await expect_crash(commit_dataset(crashing, job.req, ManualLease("ds", 1), SETTINGS))
     # Task 1's winning attempt delivered again late: its files are being published, keep them.
     assert await cleanup_staged_attempt(any_store, "job-1", "ds", 1, 1, settings=SETTINGS) == 0
     assert (await commit_dataset(any_store, job.req, ManualLease("ds", 2), SETTINGS)).ok

@@ -1,9 +1,10 @@
-"""Each built-in commit step against every storage backend: idempotent, checked by the store, never guessing."""
+"""Each built-in commit step on every storage backend: idempotent, judged by the store, never guessing."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import random
 
 import msgspec
@@ -29,7 +30,9 @@ def _ctx(store: ObjectStore) -> StepContext:
     return StepContext(store=store, lease=ManualLease("ds", 1), settings=fast_settings())
 
 
-async def test_publish_is_idempotent_and_done_only_when_dst_right_and_src_gone(any_store: ObjectStore) -> None:
+async def test_publish_is_idempotent_and_done_only_when_dst_right_and_src_gone(
+    any_store: ObjectStore,
+) -> None:
     ctx = _ctx(any_store)
     body = b"x" * 123
     src, dst = "_staging/j/ds/0-0/a.parquet", "ds/j-00000-a.parquet"
@@ -153,14 +156,18 @@ async def test_watermarks_never_move_back_under_concurrent_advancing(any_store: 
     assert final == want
     history = [*seen, final]
     assert len(history) > 3  # the observer really watched the race
-    for earlier, later in zip(history, history[1:], strict=False):
+    for earlier, later in itertools.pairwise(history):
         for k, v in earlier.items():
             assert later[k] >= v, (earlier, later)
 
 
 def _manifest_step(size: int = 3) -> WriteManifest:
     return WriteManifest(
-        dataset="ds", job="j", files=[ManifestFile(key="ds/j-00000-a", size=size)], watermarks={"a": 1}, epoch=2
+        dataset="ds",
+        job="j",
+        files=[ManifestFile(key="ds/j-00000-a", size=size)],
+        watermarks={"a": 1},
+        epoch=2,
     )
 
 
@@ -178,7 +185,9 @@ async def test_manifest_is_create_if_absent_and_an_equal_one_counts_as_done(any_
     assert manifest is not None and manifest.epoch == 2 and manifest.bytes == 3
 
 
-async def test_a_different_manifest_already_there_is_a_conflict_not_overwritten(any_store: ObjectStore) -> None:
+async def test_a_different_manifest_already_there_is_a_conflict_not_overwritten(
+    any_store: ObjectStore,
+) -> None:
     ctx = _ctx(any_store)
     await _manifest_step(size=3).execute(ctx)
     other = _manifest_step(size=4)

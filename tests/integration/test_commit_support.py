@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Self
@@ -232,6 +232,17 @@ def is_crash(exc: BaseException) -> bool:
     return isinstance(exc, SimulatedCrash)
 
 
+async def expect_crash(aw: Awaitable[object]) -> None:
+    """Await ``aw`` and require it to end in a simulated crash (re-raise anything else)."""
+    try:
+        await aw
+    except BaseException as exc:
+        if not is_crash(exc):
+            raise
+        return
+    raise AssertionError("expected a simulated crash, the call finished")
+
+
 async def keys(store: ObjectStore, prefix: str = "") -> list[str]:
     """Return every key under ``prefix``."""
     return [i.key async for i in store.list(prefix)]
@@ -258,9 +269,7 @@ async def assert_exactly_once(store: ObjectStore, *jobs: StagedJob) -> None:
                 marks[k] = max(marks.get(k, v), v)
     for dataset, marks in expected_marks.items():
         assert await read_watermarks(store, dataset) == marks
-        published = [
-            k for k in await keys(store, f"{dataset}/") if not k.startswith(f"{dataset}/_commits/")
-        ]
+        published = [k for k in await keys(store, f"{dataset}/") if not k.startswith(f"{dataset}/_commits/")]
         wanted = [k for j in jobs if j.req.dataset == dataset for k in j.published()]
         assert sorted(published) == sorted(wanted)
 

@@ -138,7 +138,7 @@ def test_sequence_round_trips_through_the_log_codec() -> None:
 def test_decoding_refuses_unknown_kinds_versions_and_garbage() -> None:
     seq = plan_commit(_req(1), 1, now=0.0)
     data = encode_sequence(seq).replace(b'"kind":"cleanup"', b'"kind":"mystery"')
-    with pytest.raises(CommitStepFailed, match="mystery|kinds known"):
+    with pytest.raises(CommitStepFailed, match=r"mystery|kinds known"):
         decode_sequence(data)
     with pytest.raises(CommitStepFailed, match="format version"):
         decode_sequence(encode_sequence(msgspec.structs.replace(seq, v=99)))
