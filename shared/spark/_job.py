@@ -42,7 +42,7 @@ from ..events import (
 )
 from ._config import ProducerConfig
 from ._partitions import check_partition_columns
-from ._publishing import publisher_for, resolve_shards
+from ._publishing import publish, resolve_shards
 from ._winners import TaskResult, expectation_from_results, looks_cancelled
 from ._writer import Watermarks, WriteSpec, write_partition
 
@@ -232,7 +232,7 @@ class JobContext:
             sc.setLocalProperty(key, value)  # type: ignore[arg-type]  # None removes the property
 
     def _publish(self, ev: QueueEvent) -> None:
-        publisher_for(self._config).publish(ev)
+        publish(self._config, ev)
 
     def _check_complete(self) -> None:
         missing = [d for d in self._datasets if d not in self._expectations]

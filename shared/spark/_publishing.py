@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .._errors import ConfigError
+from ..events import QueueEvent, ValidationLimits, decode_event, encode_event
 from ..queue import SyncPublisher, connect, read_fleet_meta
 from ._config import ProducerConfig
 from ._executor_runtime import process_runtime
@@ -57,4 +58,33 @@ def publisher_for(config: ProducerConfig) -> SyncPublisher:
     )
 
 
-__all__ = ["publisher_for", "resolve_shards"]
+_LIMITS = ValidationLimits()
+
+
+def check_event(ev: QueueEvent) -> QueueEvent:
+    """Return ``ev`` once it passes the checks a fleet with default limits applies on intake.
+
+    A message the fleet would dead-letter is better refused here, loudly, than
+    published: a dead-lettered ``TaskFinished`` leaves its job waiting for its
+    timeout. (A fleet may configure a stricter dataset pattern or a smaller
+    size limit; those are checked there only.)
+
+    Raises:
+        InvalidMessage: (a :class:`~shared.BadInput`) with the reason the fleet would give.
+    """
+    decode_event(encode_event(ev), sig=None, limits=_LIMITS)
+    return ev
+
+
+def publish(config: ProducerConfig, ev: QueueEvent) -> None:
+    """Check ``ev`` (:func:`check_event`) and publish it with this process's cached publisher.
+
+    Raises:
+        InvalidMessage: the fleet would reject the event.
+        TransientError: Redis stayed unreachable for the publisher's retry policy.
+        ConfigError: unresolved or wrong shard count, bad credentials.
+    """
+    publisher_for(config).publish(check_event(ev))
+
+
+__all__ = ["check_event", "publish", "publisher_for", "resolve_shards"]

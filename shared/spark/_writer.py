@@ -36,7 +36,7 @@ from ..storage import ObjectStore
 from ._config import ProducerConfig
 from ._executor_runtime import process_runtime
 from ._partitions import split_table
-from ._publishing import publisher_for
+from ._publishing import publish
 from ._winners import TaskResult
 
 if TYPE_CHECKING:
@@ -236,7 +236,7 @@ def write_partition(spec: WriteSpec, rows: Iterable[Any]) -> Iterator[TaskResult
 
     Raises (failing the task attempt, which Spark may retry):
         TransientError / PreconditionFailed / OutcomeUnknown: staging or publishing failed.
-        BadInput: bad watermarks.
+        BadInput: bad watermarks, or an event the fleet would reject.
         InjectedTaskFailure: fault injection (``spec.fail_once_tasks``), after publishing.
     """
     from pyspark import TaskContext
@@ -264,7 +264,7 @@ def write_partition(spec: WriteSpec, rows: Iterable[Any]) -> Iterator[TaskResult
         watermarks=marks,
         finished_at=time.time(),
     )
-    publisher_for(spec.config).publish(event)
+    publish(spec.config, event)
     if task in spec.fail_once_tasks and attempt == 0:
         raise InjectedTaskFailure(f"fault injection: task {task} attempt 0 fails after publishing")
     yield TaskResult(task=task, attempt=attempt, files=staged)

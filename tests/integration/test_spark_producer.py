@@ -15,11 +15,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import redis
 
+from shared import ConfigError
 from shared.events import (
     JobCancelled,
     JobFailed,
@@ -337,3 +339,22 @@ def test_cancel_before_an_action_and_keyboard_interrupt_publish_job_cancelled(
     assert cancelled["job-early"].reason == "not needed today"
     assert "KeyboardInterrupt" in cancelled["job-ctrl-c"].reason
     assert not of_type(read_events(config), TaskFinished)
+
+
+def test_shard_count_comes_from_redis_when_not_configured(spark: Any, config: ProducerConfig) -> None:
+    unset = msgspec.structs.replace(config, shards=None)
+    with (
+        pytest.raises(ConfigError, match="does not exist"),
+        commit_job(spark, "job-nofleet", ["n"], config=unset),
+    ):
+        pass
+    wrong = msgspec.structs.replace(config, shards=SHARDS + 1)
+    with commit_job(spark, "job-first", ["n"], config=config) as job:  # records N in Redis
+        job.write_dataset(spark.range(0, 2, numPartitions=1), "n")
+    with commit_job(spark, "job-later", ["n"], config=unset) as job:
+        assert job.config.shards == SHARDS
+        job.write_dataset(spark.range(0, 2, numPartitions=1), "n")
+    with pytest.raises(ConfigError, match="shards"), commit_job(spark, "job-wrong", ["n"], config=wrong):
+        pass
+    finished = [ev.job for ev in of_type(read_events(config), JobFinished)]
+    assert finished == ["job-first", "job-later"]
