@@ -94,7 +94,7 @@ def decode_event(
     if size > limits.max_message_bytes:
         raise InvalidMessage("oversized", f"message is {size} bytes, the limit is {limits.max_message_bytes}")
     if limits.secret is not None:
-        verify(bytes(data), sig, limits.secret)
+        verify(data if isinstance(data, bytes) else bytes(data), sig, limits.secret)
     try:
         ev = _QUEUE_DECODER.decode(data)
     except msgspec.ValidationError as exc:

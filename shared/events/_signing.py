@@ -33,5 +33,6 @@ def verify(data: bytes, sig: bytes | str | None, secret: bytes) -> None:
     if not sig:
         raise InvalidMessage("unsigned", "message has no signature and signing is required")
     given = sig.encode("ascii", "replace") if isinstance(sig, str) else bytes(sig)
-    if not hmac.compare_digest(sign(data, secret), given.lower()):
+    expected = sign(data, secret)
+    if not (hmac.compare_digest(expected, given) or hmac.compare_digest(expected, given.lower())):
         raise InvalidMessage("bad_signature", "message signature does not match its data")
