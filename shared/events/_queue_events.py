@@ -9,6 +9,7 @@ pattern, safe paths, cross-field consistency) live in :mod:`._validation`.
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
 from typing import Annotated, Final
 
 import msgspec
@@ -176,7 +177,7 @@ def event_datasets(ev: QueueEvent) -> list[str]:
     return list(ev.datasets)
 
 
-def restrict_to(ev: QueueEvent, datasets: set[str] | frozenset[str]) -> QueueEvent:
+def restrict_to(ev: QueueEvent, datasets: AbstractSet[str]) -> QueueEvent:
     """Return ``ev`` carrying only the datasets in ``datasets`` (order kept).
 
     The publisher sends a job-level event to every shard that holds one of its
