@@ -26,7 +26,7 @@ from ..locks import Lease
 from ..storage import ObjectStore
 from ._bounded import for_each_bounded
 from ._registry import StepRegistry
-from ._results import CommitResult
+from ._results import CommitResult, CommitStatus
 from ._steps import PHASES, CommitStep, PublishFile, StepContext
 from ._wal import CommitSequence, WalHandle, open_sequence, with_retry
 
@@ -111,7 +111,9 @@ async def run_claimed(
     """Run the sequence of a log this holder has created or claimed; see the module doc.
 
     Returns:
-        ``committed`` (log deleted) or ``quarantined`` (log kept with the reason).
+        ``committed`` (log deleted), ``quarantined`` (quarantined now: the log
+        keeps the reason) or ``blocked`` (it was quarantined before this call:
+        nothing ran; ``blocked_by`` is its own job).
 
     Raises:
         LockLost / Fenced: the lease was lost or a newer holder took over; the
@@ -126,11 +128,12 @@ async def run_claimed(
     seq = handle.sequence
     policy = commit_policy(settings)
 
-    def result(status: str, redone: int, reason: str | None = None) -> CommitResult:
+    def result(status: CommitStatus, redone: int, reason: str | None = None) -> CommitResult:
         return CommitResult(
             dataset=seq.dataset,
             job=seq.job,
-            status="committed" if status == "committed" else "quarantined",
+            status=status,
+            blocked_by=seq.job if status == "blocked" else None,
             files=seq.files,
             bytes=seq.bytes,
             duration=time.monotonic() - start,
@@ -142,7 +145,8 @@ async def run_claimed(
         )
 
     if seq.quarantined is not None:
-        return result("quarantined", 0, seq.quarantined)
+        # Quarantined earlier (and reported then): nothing runs until an operator acts.
+        return result("blocked", 0, seq.quarantined)
     ctx = StepContext(store=store, lease=lease, settings=settings, clock=clock)
     progress = _Progress()
     for phase in PHASES:

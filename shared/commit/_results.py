@@ -19,9 +19,10 @@ class CommitResult(msgspec.Struct, frozen=True, kw_only=True):
     - ``quarantined``: this sequence exhausted its retry budget or hit a step
       that cannot succeed; it stays in ``_wal/`` with ``quarantined`` = reason
       until an operator runs ``retry`` or ``skip``.
-    - ``blocked``: an earlier sequence of the dataset (job ``blocked_by``) is
-      quarantined or unreadable, so this one was not started; ``quarantined``
-      holds that reason.
+    - ``blocked``: a sequence of the dataset (job ``blocked_by``: an earlier
+      job, or this job itself) was already quarantined, or its log is
+      unreadable, so nothing ran; ``quarantined`` holds that reason. It was
+      reported when it was quarantined; this call adds nothing new.
 
     ``steps_redone`` counts the steps that were found not done and executed;
     ``recovered`` says this sequence was found in the log (an earlier holder

@@ -218,6 +218,11 @@ async def test_quarantine_sets_one_dataset_aside_while_others_commit_then_retry(
     seq = await read_sequence(any_store, "bad", "job-1")
     assert seq is not None and seq.quarantined == res.quarantined and seq.attempts == 1
 
+    # Delivered again, the same job reports "blocked" (it was reported quarantined once) and runs nothing.
+    replay = await commit_dataset(any_store, bad1.req, ManualLease("bad", 2), settings)
+    assert (replay.status, replay.blocked_by, replay.quarantined) == ("blocked", "job-1", res.quarantined)
+    assert (await read_sequence(any_store, "bad", "job-1")) == seq
+
     # A later job of the quarantined dataset waits; the sequence is not run again by itself.
     bad2 = await stage_job(any_store, "bad", "job-2", seed=2)
     blocked = await commit_dataset(any_store, bad2.req, ManualLease("bad", 2), settings)
