@@ -137,7 +137,9 @@ class GcsStore:
         gcs = self._client()
         try:
             meta = await gcs.download_metadata(self._bucket, full, timeout=self._timeout)
-            # Pin the bytes to the generation just read, so data and version always agree.
+            # Pin the bytes to the generation just read, so data and version agree. GCS enforces the
+            # pin; fake-gcs-server does not, and there the bytes may be newer than the version, which
+            # can only make a later compare-and-swap fail, never let a stale one win.
             data = await gcs._download(
                 self._bucket,
                 full,

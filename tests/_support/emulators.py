@@ -34,7 +34,7 @@ import subprocess
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -84,7 +84,6 @@ class Emulator:
     proc: subprocess.Popen[bytes] | None = None
     log: Path | None = None
     container: Any = None
-    containers: list[str] = field(default_factory=list)
 
     def settings(self) -> StoreSettings:
         """Return the store settings that point a client of this backend at the emulator."""
