@@ -290,3 +290,11 @@ async def test_raw_consume_rate_measures_and_cleans_up(client: redis.asyncio.Red
     rate = await raw_consume_rate(client, 2000)
     assert rate > 1000
     assert await client.keys("cf:bench-*") == []
+
+
+@pytest.mark.bench
+async def test_bench_raw_consume_rate(client: redis.asyncio.Redis) -> None:
+    """Baseline for the worker-intake benchmark (pytest -m bench -s)."""
+    rates = [await raw_consume_rate(client, 100_000) for _ in range(3)]
+    print(f"raw XREADGROUP COUNT 500 + XACK: {max(rates):,.0f} entries/s (runs: {[round(r) for r in rates]})")
+    assert min(rates) > 1000
