@@ -165,8 +165,31 @@ class ContainerRedis:
         pytest.skip("restarting Redis needs a local redis-server, not a container")
 
 
+def _docker_reachable() -> bool:
+    """Return True when something listens at DOCKER_HOST (default: the local unix socket).
+
+    Probed by hand because the docker client leaks its socket when the engine is missing.
+    """
+    host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    try:
+        if host.startswith("unix://"):
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.settimeout(1.0)
+                s.connect(host[len("unix://") :])
+            return True
+        if host.startswith("tcp://"):
+            name, _, port = host[len("tcp://") :].partition(":")
+            with socket.create_connection((name, int(port or 2375)), timeout=1.0):
+                return True
+    except (OSError, ValueError):
+        return False
+    return False
+
+
 def _container_redis() -> ContainerRedis | None:
     """Start Redis with testcontainers; None when no Docker engine answers."""
+    if not _docker_reachable():
+        return None
     import docker.errors
     from testcontainers.community.redis import RedisContainer
 

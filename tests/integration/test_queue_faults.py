@@ -174,3 +174,36 @@ async def test_bad_credentials_are_a_config_error_and_acl_users_work(
 def test_a_bad_url_is_a_config_error() -> None:
     with pytest.raises(ConfigError):
         connect(RedisSettings(url="redis://127.0.0.1:notaport/0"))
+
+
+def test_sync_publisher_gives_up_with_transient_error_and_recovers(
+    redis_factory: Callable[..., RedisServer], fleet_name: str
+) -> None:
+    import redis as sync_redis
+
+    from shared.queue import SyncPublisher, connect_sync
+
+    server = redis_factory()
+    retried: list[int] = []
+    pub = SyncPublisher(
+        connect_sync(RedisSettings(url=server.url, socket_timeout=2.0)),
+        fleet_name,
+        SHARDS,
+        policy=RetryPolicy(attempts=3).no_wait(),
+        on_retry=lambda n, _exc: retried.append(n),
+    )
+    try:
+        assert len(pub.publish(task(0))) == 1
+        server.kill()
+        with pytest.raises(TransientError):
+            pub.publish(task(1))
+        assert retried == [1, 2]
+        server.start()
+        assert len(pub.publish(task(2))) == 1
+        check = sync_redis.Redis.from_url(server.url)
+        try:
+            assert check.xlen(Keys(fleet_name).events(SHARD)) == 1  # not persistent: only the new one
+        finally:
+            check.close()
+    finally:
+        pub.close()
