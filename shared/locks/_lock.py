@@ -481,6 +481,8 @@ class HeldLease:
         # No await before this point: the heartbeat cannot cancel us any more.
         task, self._guarded = self._guarded, None
         ours_cancelled = self._cancelled_guarded
+        # A loss noticed only after the block ended does not concern the block.
+        lost = self._lost_error
         outside_cancels = 0
         if ours_cancelled and task is not None:
             outside_cancels = task.uncancel()
@@ -490,7 +492,6 @@ class HeldLease:
             # The work itself is done (or failed on its own); a release that
             # keeps failing only delays the next holder until expiry.
             log.warning("could not release lock %s: %r; it will expire", self.name, rel_exc)
-        lost = self._lost_error
         if lost is None:
             return
         if isinstance(exc, asyncio.CancelledError):
