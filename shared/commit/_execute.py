@@ -48,15 +48,7 @@ async def _run_step(step: CommitStep, ctx: StepContext, policy: RetryPolicy) -> 
 
     async def attempt() -> None:
         nonlocal executed
-        if await step.is_done(ctx):
-            return
-        ctx.lease.check()
-        await step.execute(ctx)
-        executed = True
-        # PublishFile verifies its copy itself; for the other kinds a second
-        # look is cheap and catches a step whose execute does not do its job.
-        if not isinstance(step, PublishFile) and not await step.is_done(ctx):
-            raise TransientError(f"{describe_step(step)} is not done after executing it")
+        executed = await step.ensure(ctx) or executed
 
     await with_retry(attempt, policy)
     return executed

@@ -84,6 +84,25 @@ class CommitStep(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind"):
         """Bring the effect about; idempotent. Returns None; raises as the module says."""
         raise NotImplementedError
 
+    async def ensure(self, ctx: StepContext) -> bool:
+        """Make sure the effect is in place: verify, and execute only if it is not.
+
+        This is what the executor and recovery call. The default is
+        ``is_done`` -> ``execute`` -> ``is_done`` again (a step whose execute
+        does not do its job is caught as a transient failure). A kind may
+        override it with a cheaper order that judges the same store state.
+
+        Returns:
+            True when the step had to be executed, False when it was done.
+        """
+        if await self.is_done(ctx):
+            return False
+        ctx.lease.check()
+        await self.execute(ctx)
+        if not await self.is_done(ctx):
+            raise TransientError(f"{self.__struct_config__.tag} step is not done after executing it")
+        return True
+
 
 def _matches(info: ObjectInfo, size: int, md5: str | None) -> bool:
     if info.size != size:
@@ -130,35 +149,47 @@ class PublishFile(CommitStep, frozen=True, kw_only=True, tag="publish"):
                 (the data is lost: nothing is deleted, an operator decides).
             TransientError: the copy did not produce the expected object.
         """
-        src = await _head(ctx.store, self.src)
-        if src is not None:
-            if not _matches(src, self.size, self.md5):
+        await self.ensure(ctx)
+
+    async def ensure(self, ctx: StepContext) -> bool:
+        """Copy first, judge by the answers: the same checks as ``is_done``, fewer requests.
+
+        A copy that finds no source means the file was published (by us
+        before a crash, or by another holder): the destination must then be
+        right, else the data is lost (:class:`CommitStepFailed`). A copy that
+        succeeds is checked against the expected size and checksum before the
+        source is deleted.
+
+        Returns:
+            True when a copy was made, False when the file was already published.
+        """
+        ctx.lease.check()
+        try:
+            copied = await ctx.store.copy(self.src, self.dst)
+        except NotFound:
+            dst = await _head(ctx.store, self.dst)
+            if dst is None or not _matches(dst, self.size, self.md5):
+                found = "missing" if dst is None else f"{dst.size} bytes (checksum {dst.checksum})"
+                raise CommitStepFailed(
+                    f"staged file {self.src} is gone and {self.dst} is {found}, "
+                    f"expected {self.size} bytes: data lost, not retrying"
+                ) from None
+            return False
+        if not _matches(copied, self.size, self.md5):
+            src = await _head(ctx.store, self.src)
+            if src is not None and not _matches(src, self.size, self.md5):
                 raise CommitStepFailed(
                     f"staged file {self.src} is {src.size} bytes (checksum {src.checksum}), "
                     f"its task reported {self.size} bytes (md5 {self.md5})"
                 )
-            ctx.lease.check()
-            try:
-                copied: ObjectInfo | None = await ctx.store.copy(self.src, self.dst)
-            except NotFound:
-                # Another holder (a stale one, or one we replaced) published it
-                # between our head and our copy: judge by the destination below.
-                copied = None
-            if copied is not None:
-                if not _matches(copied, self.size, self.md5):
-                    raise TransientError(
-                        f"copy {self.src} -> {self.dst} gave {copied.size} bytes, expected {self.size}"
-                    )
-                ctx.lease.check()
-                await ctx.store.delete(self.src)
-                return
-        dst = await _head(ctx.store, self.dst)
-        if dst is None or not _matches(dst, self.size, self.md5):
-            found = "missing" if dst is None else f"{dst.size} bytes (checksum {dst.checksum})"
-            raise CommitStepFailed(
-                f"staged file {self.src} is gone and {self.dst} is {found}, "
-                f"expected {self.size} bytes: data lost, not retrying"
+            # The source is right (or vanished: a concurrent holder published
+            # it): this copy went wrong; the retry judges again.
+            raise TransientError(
+                f"copy {self.src} -> {self.dst} gave {copied.size} bytes, expected {self.size}"
             )
+        ctx.lease.check()
+        await ctx.store.delete(self.src)
+        return True
 
 
 def merge_watermarks(current: Mapping[str, int], new: Mapping[str, int]) -> dict[str, int]:

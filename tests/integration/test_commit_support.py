@@ -118,10 +118,12 @@ class FaultStore:
             raise SimulatedCrash(f"crash before {op} {key} (call {k})")
         if self.unknown_at == k and self.unknown_when == "before":
             raise OutcomeUnknown(f"test: outcome of {op} {key} unknown, not made (call {k})")
-        result = await call()  # type: ignore[misc]
-        if self.crash_at == k:
-            self.dead = True
-            raise SimulatedCrash(f"crash after {op} {key} (call {k})")
+        try:
+            result = await call()  # type: ignore[misc]
+        finally:
+            if self.crash_at == k:  # crash after the call, whatever it answered
+                self.dead = True
+                raise SimulatedCrash(f"crash after {op} {key} (call {k})")
         if self.unknown_at == k:
             raise OutcomeUnknown(f"test: outcome of {op} {key} unknown, made (call {k})")
         return result
