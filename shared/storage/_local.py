@@ -30,16 +30,24 @@ import shutil
 import time
 import zlib
 from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from types import TracebackType
-from typing import BinaryIO, Self
+from typing import BinaryIO, Self, TypeVar
 
 from .._errors import BadInput, ConfigError, NotFound, PreconditionFailed, TransientError
 from ._port import RESERVED_TOP, ObjectData, ObjectInfo, check_key, check_prefix
 
-_STRIPES = 64
+_STRIPES = 4096
+# A stripe lock is held for a stat and a rename only (microseconds), but a
+# holder can be frozen (SIGSTOP) inside it: then waiting forever would stall
+# every process on that stripe, and the thread pool with it. Contenders poll
+# for at most this long and then report a transient error instead.
+_STRIPE_WAIT_S = 5.0
 # Writes an object's bytes into an open temp file.
 _Filler = Callable[[BinaryIO], None]
+T = TypeVar("T")
 _COPY_CHUNK = 1 << 20
 
 
@@ -66,6 +74,9 @@ class LocalStore:
         self._url = url or root.as_uri()
         self._durable = durable
         self._meta = root / RESERVED_TOP
+        # Our own pool: the event loop's default one has only cpu+4 threads,
+        # too few when many commits write at once.
+        self._pool: ThreadPoolExecutor | None = None
         try:
             (self._meta / "tmp").mkdir(parents=True, exist_ok=True)
             (self._meta / "stripes").mkdir(parents=True, exist_ok=True)
@@ -89,9 +100,19 @@ class LocalStore:
     @contextlib.contextmanager
     def _stripe(self, key: str) -> Iterator[None]:
         n = zlib.crc32(key.encode()) % _STRIPES
-        fd = os.open(self._meta / "stripes" / f"{n:02d}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self._meta / "stripes" / f"{n:03x}.lock", os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            deadline = time.monotonic() + _STRIPE_WAIT_S
+            pause = 0.0005
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise TransientError(f"local store: {key} stays locked by another process") from None
+                    time.sleep(pause)
+                    pause = min(pause * 2, 0.02)
             yield
         finally:
             os.close(fd)  # closing the descriptor drops the flock
@@ -123,12 +144,6 @@ class LocalStore:
                 continue
             except IsADirectoryError as exc:
                 raise BadInput(f"object key names a folder: {dst}") from exc
-            if self._durable:
-                dfd = os.open(dst.parent, os.O_RDONLY)
-                try:
-                    os.fsync(dfd)
-                finally:
-                    os.close(dfd)
             return os.stat(dst)
         raise TransientError(f"could not create parent folder of {dst}")
 
@@ -151,7 +166,22 @@ class LocalStore:
             with contextlib.suppress(OSError):
                 tmp.unlink()
             raise
+        if self._durable:
+            # After the stripe is released: the rename is already atomic and
+            # visible; this makes it survive a power cut.
+            self._sync_dir(dst.parent)
         return _info(key, st)
+
+    @staticmethod
+    def _sync_dir(path: Path) -> None:
+        try:
+            dfd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return  # pruned by a concurrent delete: nothing left to make durable
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
 
     def _read(self, key: str) -> ObjectData:
         path = self._path(key)
@@ -225,40 +255,49 @@ class LocalStore:
         out.sort(key=lambda i: i.key)
         return out
 
+    async def _run(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="cf-local-store")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, partial(fn, *args, **kwargs))
+
     # -- the port -----------------------------------------------------------------
 
     async def read(self, key: str) -> ObjectData:
-        return await asyncio.to_thread(self._read, key)
+        return await self._run(self._read, key)
 
     async def head(self, key: str) -> ObjectInfo:
-        return await asyncio.to_thread(self._head, key)
+        return await self._run(self._head, key)
 
     async def write(self, key: str, data: bytes) -> ObjectInfo:
-        return await asyncio.to_thread(self._put, key, _bytes_filler(data), absent=False, version=None)
+        return await self._run(self._put, key, _bytes_filler(data), absent=False, version=None)
 
     async def write_if_absent(self, key: str, data: bytes) -> ObjectInfo:
-        return await asyncio.to_thread(self._put, key, _bytes_filler(data), absent=True, version=None)
+        return await self._run(self._put, key, _bytes_filler(data), absent=True, version=None)
 
     async def write_if_match(self, key: str, data: bytes, version: str) -> ObjectInfo:
-        return await asyncio.to_thread(self._put, key, _bytes_filler(data), absent=False, version=version)
+        return await self._run(self._put, key, _bytes_filler(data), absent=False, version=version)
 
     async def delete(self, key: str) -> None:
-        await asyncio.to_thread(self._delete, key)
+        await self._run(self._delete, key)
 
     async def copy(self, src: str, dst: str) -> ObjectInfo:
         check_key(src)
         check_key(dst)
-        return await asyncio.to_thread(self._copy, src, dst)
+        return await self._run(self._copy, src, dst)
 
     async def list(self, prefix: str = "", *, page_size: int = 1000) -> AsyncIterator[ObjectInfo]:
         check_prefix(prefix)
-        items = await asyncio.to_thread(self._scan, prefix)
+        items = await self._run(self._scan, prefix)
         for i in range(0, len(items), max(1, page_size)):
             for item in items[i : i + page_size]:
                 yield item
 
     async def close(self) -> None:
-        return None
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            # Running operations finish (each is atomic); nothing new starts.
+            pool.shutdown(wait=False)
 
     async def __aenter__(self) -> Self:
         return self
