@@ -1,0 +1,108 @@
+"""A fleet of real processes (coordinators and workers) for the fleet tests."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis.asyncio
+
+from coordinator._procs import FleetProcess, fleet_processes, write_config
+from shared import Settings
+from shared.fleet import FleetRegistry
+from shared.queue import AsyncPublisher, Keys, ensure_fleet
+from shared.storage import ObjectStore, open_store
+
+from ._helpers import fleet_settings
+
+
+@dataclass
+class Fleet:
+    """Handles on a test fleet: its settings, store, Redis, and process starter."""
+
+    settings: Settings
+    config: Path
+    log_dir: Path
+    store: ObjectStore
+    redis: redis.asyncio.Redis
+    procs: list[FleetProcess]
+    publisher: AsyncPublisher
+    names: dict[str, FleetProcess] = field(default_factory=dict)
+
+    @property
+    def keys(self) -> Keys:
+        return Keys(self.settings.fleet.name)
+
+    @property
+    def registry(self) -> FleetRegistry:
+        return FleetRegistry(self.redis, self.keys)
+
+    def start(self, kind: str, name: str) -> FleetProcess:
+        """Start a ``worker`` or ``coordinator`` process called ``name``."""
+        p = FleetProcess(kind, name, self.config, self.log_dir)
+        self.procs.append(p)
+        self.names[name] = p
+        return p
+
+    async def owners_settled(self, workers: set[str]) -> bool:
+        """Return True when exactly ``workers`` own every shard, none moving, tokens in place."""
+        a = await self.registry.assignment(self.settings.fleet.shards)
+        if any(s.owner not in workers or s.moving_to for s in a.slots):
+            return False
+        if set(a.owners()) != workers:
+            return False
+        tokens = await self.registry.owner_tokens(self.settings.fleet.shards)
+        return all(
+            t is not None and t.decode().split("@")[0] == s.owner
+            for s, t in zip(a.slots, tokens, strict=True)
+        )
+
+
+@pytest.fixture
+def fleet_overrides() -> dict[str, Any]:
+    """Per-test settings overrides (a test module may override this fixture)."""
+    return {}
+
+
+@pytest.fixture
+def process_log_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "logs"
+    d.mkdir()
+    return d
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """Remember each phase's report on the item, so fixtures can see a failed test."""
+    rep = yield
+    setattr(item, f"rep_{rep.when}", rep)
+    return rep
+
+
+@pytest.fixture
+async def fleet(
+    request: pytest.FixtureRequest,
+    redis_url: str,
+    redis_client: redis.asyncio.Redis,
+    fleet_name: str,
+    tmp_path: Path,
+    process_log_dir: Path,
+    fleet_overrides: dict[str, Any],
+) -> AsyncIterator[Fleet]:
+    """A fleet with nothing started yet; every process it starts is killed at the end."""
+    settings = fleet_settings(redis_url, tmp_path / "store", fleet_name, **fleet_overrides)
+    config = write_config(settings, tmp_path / "fleet.toml")
+    await ensure_fleet(redis_client, fleet_name, settings.fleet.shards)
+    secret = settings.security.hmac_secret or None
+    publisher = AsyncPublisher(redis_client, fleet_name, settings.fleet.shards, secret=secret)
+    with fleet_processes(process_log_dir) as procs:
+        async with open_store(settings.store.url, settings.store) as store:
+            yield Fleet(settings, config, process_log_dir, store, redis_client, procs, publisher)
+        rep = getattr(request.node, "rep_call", None)
+        if rep is not None and rep.failed:
+            for p in procs:
+                sys.stderr.write(f"\n===== {p.name} ({p.kind}) log =====\n{p.output()[-8000:]}\n")

@@ -1,0 +1,239 @@
+"""The fleet as real processes: scale, kills, freezes, coordinator failover.
+
+Each test starts coordinators and workers as separate OS processes
+(``python -m coordinator worker|coordinator``) against a real redis-server and
+a local-files store, publishes jobs through the real publisher, and checks the
+real outcome: manifests and files in the store, the audit, admin events.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from collections import Counter
+
+from shared.commit import audit
+from shared.events import (
+    Aborted,
+    CommitStarted,
+    Committed,
+    JobCancelled,
+    JobStarted,
+    QueueEvent,
+    ShardsAssigned,
+    WorkerJoined,
+)
+from shared.queue import shard_of
+from tests._support.wait import wait_for
+
+from ._helpers import admin_events, committed, failed_job, good_job, no_staging_left, stage_task
+from .conftest import Fleet
+
+
+def report(line: str) -> None:
+    """Print a measured figure so it shows in the test log (-s or on failure)."""
+    sys.stderr.write(f"[figure] {line}\n")
+
+
+async def cancelled_job(fleet: Fleet, job: str, datasets: list[str], tasks: int) -> list[QueueEvent]:
+    evs: list[QueueEvent] = [JobStarted(job=job, datasets=datasets, timeout_s=600, started_at=time.time())]
+    for ds in datasets:
+        for t in range(tasks):
+            evs.append(await stage_task(fleet.store, job, ds, t, 0))
+    evs.append(JobCancelled(job=job, datasets=datasets, reason="user", cancelled_at=time.time()))
+    # A cancelled job's tasks can still publish after the job ended.
+    evs.append(await stage_task(fleet.store, job, datasets[0], 0, 1))
+    return evs
+
+
+async def commit_counts(fleet: Fleet) -> Counter[tuple[str, str]]:
+    return Counter(
+        (e.dataset, e.job)
+        for e in await admin_events(fleet.redis, fleet.settings.fleet.name)
+        if isinstance(e, Committed)
+    )
+
+
+async def assert_exactly_once(fleet: Fleet, expected_commits: set[tuple[str, str]]) -> None:
+    rep = await audit(fleet.store)
+    assert rep.ok, rep.violations[:20]
+    counts = await commit_counts(fleet)
+    assert set(counts) == expected_commits
+    dup = {k: n for k, n in counts.items() if n != 1}
+    assert not dup, f"committed more than once: {dup}"
+
+
+async def test_three_workers_200_datasets(fleet: Fleet) -> None:
+    fleet.start("coordinator", "c1")
+    for i in (1, 2, 3):
+        fleet.start("worker", f"w{i}")
+    await wait_for(
+        lambda: fleet.owners_settled({"w1", "w2", "w3"}), timeout=60, what="3 workers own all shards"
+    )
+    datasets = [f"ds{i:03d}" for i in range(200)]
+    good = await good_job(fleet.store, "big", datasets, tasks=4)
+    bad = await failed_job(fleet.store, "bad", datasets[:20], tasks=2)
+    cancel = await cancelled_job(fleet, "cancel", datasets[20:40], tasks=2)
+    started = time.monotonic()
+    await fleet.publisher.publish_many([*good, *bad, *cancel])
+    await wait_for(
+        lambda: committed(fleet.store, datasets, "big"), timeout=240, interval=0.5, what="200 commits"
+    )
+    for job in ("big", "bad", "cancel"):
+        await wait_for(
+            lambda job=job: no_staging_left(fleet.store, job), timeout=60, what=f"{job} staging gone"
+        )
+    report(f"200 datasets x 4 tasks committed by 3 worker processes in {time.monotonic() - started:.1f}s")
+
+    async def aborts_done() -> bool:
+        evs = await admin_events(fleet.redis, fleet.settings.fleet.name)
+        return Counter(e.job for e in evs if isinstance(e, Aborted)) == Counter({"bad": 20, "cancel": 20})
+
+    await wait_for(aborts_done, timeout=60, what="40 aborted events")
+    await assert_exactly_once(fleet, {(ds, "big") for ds in datasets})
+    evs = await admin_events(fleet.redis, fleet.settings.fleet.name)
+    assert {e.worker for e in evs if isinstance(e, WorkerJoined)} == {"w1", "w2", "w3"}
+    assert any(isinstance(e, ShardsAssigned) for e in evs)
+    assert sum(isinstance(e, CommitStarted) for e in evs) >= 200
+    for p in fleet.procs:
+        assert p.proc.poll() is None, f"{p.name} exited"
+
+
+async def test_scale_out_and_in(fleet: Fleet) -> None:
+    fleet.start("coordinator", "c1")
+    fleet.start("worker", "w1")
+    fleet.start("worker", "w2")
+    await wait_for(lambda: fleet.owners_settled({"w1", "w2"}), timeout=60, what="2 workers")
+    expected: set[tuple[str, str]] = set()
+
+    async def wave(n: int) -> None:
+        datasets = [f"s{n}-{i:02d}" for i in range(30)]
+        await fleet.publisher.publish_many(await good_job(fleet.store, f"wave{n}", datasets, tasks=3))
+        expected.update((ds, f"wave{n}") for ds in datasets)
+
+    await wave(1)
+    fleet.start("worker", "w3")
+    await wave(2)
+    await wait_for(lambda: fleet.owners_settled({"w1", "w2", "w3"}), timeout=60, what="w3 joined")
+    await wave(3)
+    assert fleet.names["w1"].terminate(timeout=60) == 0
+    await wave(4)
+    await wait_for(lambda: fleet.owners_settled({"w2", "w3"}), timeout=60, what="w1 left")
+    await wave(5)
+    for n in range(1, 6):
+        ds = [d for d, j in expected if j == f"wave{n}"]
+        await wait_for(
+            lambda ds=ds, n=n: committed(fleet.store, ds, f"wave{n}"), timeout=120, what=f"wave {n}"
+        )
+    await assert_exactly_once(fleet, expected)
+    a = await fleet.registry.assignment(fleet.settings.fleet.shards)
+    counts = sorted(len(v) for v in a.owners().values())
+    assert counts[-1] - counts[0] <= 1, a.owners()
+
+
+async def test_sigkill_worker_mid_commit(fleet: Fleet) -> None:
+    fleet.start("coordinator", "c1")
+    fleet.start("worker", "w1")
+    fleet.start("worker", "w2")
+    await wait_for(lambda: fleet.owners_settled({"w1", "w2"}), timeout=60, what="2 workers")
+    datasets = [f"k{i:03d}" for i in range(80)]
+    await fleet.publisher.publish_many(await good_job(fleet.store, "killjob", datasets, tasks=4))
+    a = await fleet.registry.assignment(fleet.settings.fleet.shards)
+    victims = [ds for ds in datasets if a.slots[shard_of(ds, fleet.settings.fleet.shards)].owner == "w1"]
+
+    async def w1_committing() -> bool:
+        evs = await admin_events(fleet.redis, fleet.settings.fleet.name)
+        return any(isinstance(e, CommitStarted) and e.worker == "w1" for e in evs)
+
+    await wait_for(w1_committing, timeout=60, interval=0.01, what="w1 commits under way")
+    fleet.names["w1"].kill()
+    killed_at = time.monotonic()
+    await wait_for(
+        lambda: committed(fleet.store, victims, "killjob"),
+        timeout=120,
+        interval=0.2,
+        what="w1's datasets committed by w2",
+    )
+    takeover = time.monotonic() - killed_at
+    report(
+        f"SIGKILL takeover: w1's {len(victims)} datasets committed by w2 {takeover:.1f}s after the kill "
+        f"(lease {fleet.settings.worker.lease}s, lock validity {fleet.settings.lock.validity}s)"
+    )
+    await wait_for(lambda: committed(fleet.store, datasets, "killjob"), timeout=60, what="all commits")
+    await wait_for(lambda: no_staging_left(fleet.store, "killjob"), timeout=60, what="no staging left")
+    rep = await audit(fleet.store)
+    assert rep.ok, rep.violations[:20]
+    assert rep.manifests == len(datasets)
+    counts = await commit_counts(fleet)
+    # w1 may have committed some before dying; no dataset is committed twice.
+    assert max(counts.values()) == 1
+    assert set(counts) <= {(ds, "killjob") for ds in datasets}
+
+
+async def test_sigstop_worker_is_fenced(fleet: Fleet) -> None:
+    fleet.start("coordinator", "c1")
+    fleet.start("worker", "w1")
+    fleet.start("worker", "w2")
+    await wait_for(lambda: fleet.owners_settled({"w1", "w2"}), timeout=60, what="2 workers")
+    datasets = [f"f{i:03d}" for i in range(60)]
+    await fleet.publisher.publish_many(await good_job(fleet.store, "frozen", datasets, tasks=4))
+
+    async def w1_committing() -> bool:
+        evs = await admin_events(fleet.redis, fleet.settings.fleet.name)
+        return any(isinstance(e, CommitStarted) and e.worker == "w1" for e in evs)
+
+    await wait_for(w1_committing, timeout=60, interval=0.01, what="w1 commits under way")
+    fleet.names["w1"].signal(signal.SIGSTOP)
+    frozen_at = time.monotonic()
+    # The fleet moves on: w2 owns everything and finishes every commit.
+    await wait_for(lambda: fleet.owners_settled({"w2"}), timeout=60, what="shards moved to w2")
+    await wait_for(lambda: committed(fleet.store, datasets, "frozen"), timeout=120, what="w2 committed all")
+    validity = fleet.settings.lock.validity + fleet.settings.lock.max_drift
+    # Past the frozen worker's lock validity: its leases ran out locally.
+    await wait_for(lambda: _elapsed(frozen_at, validity), timeout=validity + 5, what="lock validity passed")
+    before = await commit_counts(fleet)
+    fleet.names["w1"].signal(signal.SIGCONT)
+    # More work after the resume: the stale worker must not take part in anything it no longer owns.
+    more = [f"g{i:03d}" for i in range(20)]
+    await fleet.publisher.publish_many(await good_job(fleet.store, "after", more, tasks=2))
+    await wait_for(lambda: committed(fleet.store, more, "after"), timeout=120, what="post-resume commits")
+    await wait_for(lambda: no_staging_left(fleet.store, "frozen"), timeout=60, what="cleanup")
+    rep = await audit(fleet.store)
+    assert rep.ok, rep.violations[:20]
+    counts = await commit_counts(fleet)
+    assert max(counts.values()) == 1, {k: v for k, v in counts.items() if v > 1}
+    for key, n in before.items():
+        assert counts[key] == n
+    log = fleet.names["w1"].output()
+    assert "lost" in log.lower() or "fenced" in log.lower() or "expired" in log.lower(), log[-3000:]
+
+
+async def _elapsed(since: float, seconds: float) -> bool:
+    return time.monotonic() - since >= seconds
+
+
+async def test_coordinator_leader_killed_standby_takes_over(fleet: Fleet) -> None:
+    fleet.start("coordinator", "c1")
+    await wait_for(lambda: _leader_is(fleet, "c1"), timeout=30, what="c1 leads")
+    fleet.start("coordinator", "c2")
+    fleet.start("worker", "w1")
+    await wait_for(lambda: fleet.owners_settled({"w1"}), timeout=60, what="w1 owns all")
+    fleet.names["c1"].kill()
+    killed = time.monotonic()
+    await wait_for(lambda: _leader_is(fleet, "c2"), timeout=60, what="c2 leads")
+    report(
+        f"coordinator failover: standby leading {time.monotonic() - killed:.1f}s after SIGKILL "
+        f"(lock validity {fleet.settings.lock.validity}s)"
+    )
+    fleet.start("worker", "w2")
+    await wait_for(lambda: fleet.owners_settled({"w1", "w2"}), timeout=60, what="c2 rebalanced onto w2")
+    evs = await admin_events(fleet.redis, fleet.settings.fleet.name)
+    assert any(isinstance(e, ShardsAssigned) and e.worker == "c2" for e in evs)
+    datasets = [f"c{i:02d}" for i in range(16)]
+    await fleet.publisher.publish_many(await good_job(fleet.store, "afterfailover", datasets, tasks=2))
+    await wait_for(lambda: committed(fleet.store, datasets, "afterfailover"), timeout=60, what="commits")
+
+
+async def _leader_is(fleet: Fleet, name: str) -> bool:
+    return await fleet.registry.leader() == name
