@@ -93,8 +93,10 @@ def _reason(exc: BaseException) -> str:
 class JobContext:
     """One open commitfleet job on the driver (made by :func:`commit_job`).
 
-    Thread safety: :meth:`cancel` may be called from any thread; the other
-    methods belong to the thread that opened the job.
+    Thread safety: :meth:`cancel` may be called from any thread, and
+    :meth:`write_dataset` may run in several threads at once for different
+    datasets (each thread's actions join the job's Spark job group); the
+    context itself is entered and left by one thread, after the others ended.
     """
 
     def __init__(self, spark: SparkSession, job_id: str, datasets: tuple[str, ...], config: ProducerConfig):
@@ -103,6 +105,7 @@ class JobContext:
         self._datasets = datasets
         self._config = config
         self._expectations: dict[str, DatasetExpectation] = {}
+        self._writing: set[str] = set()
         self._lock = threading.Lock()
         self._cancel_reason: str | None = None
 
@@ -124,7 +127,8 @@ class JobContext:
     @property
     def expectations(self) -> dict[str, DatasetExpectation]:
         """What ``JobFinished`` will promise so far: dataset -> tasks and winners (a copy)."""
-        return dict(self._expectations)
+        with self._lock:
+            return dict(self._expectations)
 
     @property
     def cancel_reason(self) -> str | None:
@@ -170,8 +174,25 @@ class JobContext:
         """
         if dataset not in self._datasets:
             raise BadInput(f"dataset {dataset!r} was not declared for job {self._job_id}")
-        if dataset in self._expectations:
-            raise BadInput(f"dataset {dataset!r} was already written by job {self._job_id}")
+        with self._lock:
+            if dataset in self._expectations or dataset in self._writing:
+                raise BadInput(f"dataset {dataset!r} is already written by job {self._job_id}")
+            self._writing.add(dataset)
+        try:
+            return self._write(df, dataset, watermarks, partition_by, compression, fail_once_tasks)
+        finally:
+            with self._lock:
+                self._writing.discard(dataset)
+
+    def _write(
+        self,
+        df: DataFrame,
+        dataset: str,
+        watermarks: Watermarks,
+        partition_by: Sequence[str] | None,
+        compression: str,
+        fail_once_tasks: Iterable[int],
+    ) -> list[TaskResult]:
         self._raise_if_cancelled()
         from pyspark.sql.pandas.types import to_arrow_schema
 
@@ -194,7 +215,8 @@ class JobContext:
         results = df.rdd.mapPartitions(run).collect()
         self._raise_if_cancelled()
         expectation = expectation_from_results(dataset, results)
-        self._expectations[dataset] = expectation
+        with self._lock:
+            self._expectations[dataset] = expectation
         return sorted(results, key=lambda r: r.task)
 
     def cancel(self, reason: str = "cancelled") -> None:
@@ -235,7 +257,7 @@ class JobContext:
         publish(self._config, ev)
 
     def _check_complete(self) -> None:
-        missing = [d for d in self._datasets if d not in self._expectations]
+        missing = [d for d in self._datasets if d not in self.expectations]
         if missing:
             raise BadInput(f"job {self._job_id} ended without writing datasets {missing}")
 
@@ -243,7 +265,7 @@ class JobContext:
         self._publish(
             JobFinished(
                 job=self._job_id,
-                datasets={d: self._expectations[d] for d in self._datasets},
+                datasets={d: self.expectations[d] for d in self._datasets},
                 finished_at=time.time(),
             )
         )
@@ -254,7 +276,9 @@ class JobContext:
 
         try:
             self._spark.sparkContext.cancelJobGroup(self._job_id)
-        except Py4JError as cancel_exc:  # the JVM may be gone; the abort still goes out
+        # The JVM may be gone (Py4JError), or the context stopped (no JVM handle
+        # left: AttributeError); the abort event must go out all the same.
+        except (Py4JError, AttributeError) as cancel_exc:
             log.warning("could not cancel Spark job group %s: %s", self._job_id, cancel_exc)
         requested = self.cancel_reason
         reason = _reason(exc)

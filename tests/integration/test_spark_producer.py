@@ -12,6 +12,7 @@ import hashlib
 import threading
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 import redis
 
-from shared import ConfigError
+from shared import BadInput, ConfigError
 from shared.events import (
     JobCancelled,
     JobFailed,
@@ -358,3 +359,21 @@ def test_shard_count_comes_from_redis_when_not_configured(spark: Any, config: Pr
         pass
     finished = [ev.job for ev in of_type(read_events(config), JobFinished)]
     assert finished == ["job-first", "job-later"]
+
+
+def test_datasets_written_from_two_threads_join_one_job(spark: Any, config: ProducerConfig) -> None:
+    df = spark.range(0, 8, numPartitions=2)
+    with (
+        commit_job(spark, "job-threads", ["left", "right"], config=config) as job,
+        ThreadPoolExecutor(2) as pool,
+    ):
+        futures = [pool.submit(job.write_dataset, df, name) for name in ("left", "right")]
+        assert [len(f.result(timeout=120)) for f in futures] == [2, 2]
+        with pytest.raises(BadInput, match="already written"):
+            job.write_dataset(df, "left")
+        with pytest.raises(BadInput, match="not declared"):
+            job.write_dataset(df, "other")
+
+    finished = {d: exp for ev in of_type(read_events(config), JobFinished) for d, exp in ev.datasets.items()}
+    assert finished == {"left": job.expectations["left"], "right": job.expectations["right"]}
+    assert all(exp.tasks == 2 and exp.winners == [0, 0] for exp in finished.values())
