@@ -109,6 +109,8 @@ class ExecutorRuntime:
                 fut.cancel()
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(_CLOSE_TIMEOUT)
+        if not self._thread.is_alive():
+            self._loop.close()
 
 
 async def _enter(store: ObjectStore) -> ObjectStore:

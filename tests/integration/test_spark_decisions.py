@@ -17,6 +17,7 @@ from shared.spark._partitions import HIVE_NULL, check_partition_columns, partiti
 from shared.spark._session import local_session_conf
 from shared.spark._winners import TaskResult, expectation_from_results, looks_cancelled
 from shared.spark._writer import rows_to_table, watermark_int
+from tests._support.wait import wait_for_sync
 
 
 def test_partition_dirs_escape_like_hive_and_stay_safe_relative_paths() -> None:
@@ -144,3 +145,44 @@ def test_session_conf_never_fetches_jars_and_stays_local(tmp_path: Path) -> None
         local_spark_session("x", extra_conf={"spark.jars.packages": "a:b:1"})
     with pytest.raises(ConfigError, match="local"):
         local_spark_session("x", master="yarn")
+
+
+def test_executor_runtime_runs_coroutines_caches_stores_and_cancels_on_timeout(tmp_path: Path) -> None:
+    import asyncio
+
+    from shared._settings import StoreSettings
+    from shared.spark._executor_runtime import ExecutorRuntime, process_runtime
+
+    rt = ExecutorRuntime()
+    try:
+
+        async def add(a: int, b: int) -> int:
+            await asyncio.sleep(0)
+            return a + b
+
+        assert rt.run(add(1, 2)) == 3
+        url = tmp_path.as_uri()
+        store = rt.store(url, StoreSettings())
+        assert rt.store(url, StoreSettings()) is store  # one client per process, not per task
+        info = rt.run(store.write_if_absent("a/b.bin", b"xyz"))
+        assert info.size == 3
+        assert (tmp_path / "a" / "b.bin").read_bytes() == b"xyz"
+
+        cancelled = []
+
+        async def hang() -> None:
+            try:
+                await asyncio.sleep(60)
+            except asyncio.CancelledError:
+                cancelled.append(True)
+                raise
+
+        with pytest.raises(TimeoutError):
+            rt.run(hang(), timeout=0.1)
+        wait_for_sync(lambda: cancelled, timeout=5, what="the timed-out coroutine to be cancelled")
+    finally:
+        rt.close()
+        rt.close()  # idempotent
+    with pytest.raises(RuntimeError, match="closed"):
+        rt.run(add(1, 1))
+    assert process_runtime() is process_runtime()
