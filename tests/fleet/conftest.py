@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 import redis.asyncio
 
@@ -16,6 +17,7 @@ from shared import Settings
 from shared.fleet import FleetRegistry
 from shared.queue import AsyncPublisher, Keys, ensure_fleet
 from shared.storage import ObjectStore, open_store
+from tests._support.emulators import MakeTarget
 
 from ._helpers import fleet_settings
 
@@ -69,6 +71,12 @@ def fleet_overrides() -> dict[str, Any]:
 
 
 @pytest.fixture
+def fleet_backend() -> str:
+    """The store backend of the test fleet (parametrize it to run a test on an emulator)."""
+    return "local"
+
+
+@pytest.fixture
 def process_log_dir(tmp_path: Path) -> Path:
     d = tmp_path / "logs"
     d.mkdir()
@@ -92,9 +100,15 @@ async def fleet(
     tmp_path: Path,
     process_log_dir: Path,
     fleet_overrides: dict[str, Any],
+    fleet_backend: str,
+    make_target: MakeTarget,
 ) -> AsyncIterator[Fleet]:
     """A fleet with nothing started yet; every process it starts is killed at the end."""
-    settings = fleet_settings(redis_url, tmp_path / "store", fleet_name, **fleet_overrides)
+    overrides = dict(fleet_overrides)
+    if fleet_backend != "local":
+        target = make_target(fleet_backend)
+        overrides["store"] = {**msgspec.to_builtins(target.settings), "url": target.url}
+    settings = fleet_settings(redis_url, tmp_path / "store", fleet_name, **overrides)
     config = write_config(settings, tmp_path / "fleet.toml")
     await ensure_fleet(redis_client, fleet_name, settings.fleet.shards)
     secret = settings.security.hmac_secret or None

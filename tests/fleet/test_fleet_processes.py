@@ -13,6 +13,8 @@ import sys
 import time
 from collections import Counter
 
+import pytest
+
 from shared.commit import audit
 from shared.events import (
     Aborted,
@@ -171,6 +173,11 @@ async def test_sigkill_worker_mid_commit(fleet: Fleet) -> None:
     assert set(counts) <= {(ds, "killjob") for ds in datasets}
 
 
+# On the S3 emulator, as on any object store, a frozen client holds nothing on
+# the server. (With the local-files store a process frozen inside a
+# conditional write keeps that one key's stripe lock: others get a transient
+# error for that key until it resumes; see docs/storage.md.)
+@pytest.mark.parametrize("fleet_backend", ["s3"])
 async def test_sigstop_worker_is_fenced(fleet: Fleet) -> None:
     fleet.start("coordinator", "c1")
     fleet.start("worker", "w1")
@@ -198,7 +205,8 @@ async def test_sigstop_worker_is_fenced(fleet: Fleet) -> None:
     more = [f"g{i:03d}" for i in range(20)]
     await fleet.publisher.publish_many(await good_job(fleet.store, "after", more, tasks=2))
     await wait_for(lambda: committed(fleet.store, more, "after"), timeout=120, what="post-resume commits")
-    await wait_for(lambda: no_staging_left(fleet.store, "frozen"), timeout=60, what="cleanup")
+    for job in ("frozen", "after"):
+        await wait_for(lambda job=job: no_staging_left(fleet.store, job), timeout=60, what=f"{job} cleanup")
     rep = await audit(fleet.store)
     assert rep.ok, rep.violations[:20]
     counts = await commit_counts(fleet)
