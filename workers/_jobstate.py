@@ -114,13 +114,16 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
 
     ``job`` is the job's new metadata (None: unchanged); ``attempt`` a new
     attempt record to store under ``(dataset, attempt)``; ``note`` says why
-    nothing happened when the event was dropped (for logs and metrics).
+    nothing happened when the event was dropped (for logs and metrics);
+    ``replayed`` marks a job-level event for a job that has already ended
+    (the driver sends each once: such a message goes to the dead letters).
     """
 
     job: JobMeta | None = None
     attempt: tuple[str, Attempt] | None = None
     actions: tuple[Action, ...] = ()
     note: str = ""
+    replayed: bool = False
 
 
 def attempt_field(job: str, dataset: str, task: int, attempt: int) -> str:
@@ -250,7 +253,7 @@ def decide(state: ShardJobs, ev: QueueEvent, *, now: float, default_timeout: flo
     if isinstance(ev, TaskFinished):
         return _task_finished(state, ev, now=now, default_timeout=default_timeout, ended=ended)
     if ended is not None:
-        return Decision(note=f"job {ev.job} already ended ({ended.status})")
+        return Decision(note=f"job {ev.job} already ended ({ended.status})", replayed=True)
     meta = state.jobs.get(ev.job)
     if isinstance(ev, JobStarted):
         if meta is None:

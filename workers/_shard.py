@@ -270,6 +270,10 @@ class ShardRunner:
                 rejected += 1
                 continue
             d = decide(self.state, ev, now=now, default_timeout=ctx.settings.worker.job_timeout)
+            if d.replayed:
+                await self._reject(entry, InvalidMessage("replayed", d.note))
+                rejected += 1
+                continue
             self.state.apply(d)
             if d.job is not None:
                 batch.jobs.add(d.job.job)

@@ -18,6 +18,7 @@ RejectReason = Literal[
     "bad_dataset",
     "unsafe_path",
     "inconsistent",
+    "replayed",
 ]
 """Why a message was rejected. Dead-letter entries and admin events carry this code."""
 

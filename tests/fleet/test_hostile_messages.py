@@ -1,0 +1,109 @@
+"""Hostile, malformed and replayed messages: dead letters with reasons, no crash,
+nothing written outside the store's allowed places."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from shared.events import (
+    JobStarted,
+    MessageRejected,
+    StagedFile,
+    TaskFinished,
+    sign,
+)
+from shared.queue import read_dead_letters, shard_of
+from tests._support.wait import wait_for
+
+from ._helpers import admin_events, committed, good_job, no_staging_left
+from .conftest import Fleet
+
+SECRET = "s3cret-for-tests"
+
+
+@pytest.fixture
+def fleet_overrides() -> dict[str, Any]:
+    return {"security": {"hmac_secret": SECRET, "max_message_bytes": 65536}}
+
+
+def _task(dataset: str, **changes: Any) -> dict[str, Any]:
+    ev = TaskFinished(
+        job="evil",
+        dataset=dataset,
+        task=0,
+        attempt=0,
+        files=[StagedFile(path="part-0.bin", size=10)],
+        finished_at=time.time(),
+    )
+    doc: dict[str, Any] = msgspec.to_builtins(ev)
+    doc.update(changes)
+    return doc
+
+
+async def test_hostile_messages_are_dead_lettered(fleet: Fleet, tmp_path: Path) -> None:
+    fleet.start("coordinator", "c1")
+    fleet.start("worker", "w1")
+    await wait_for(lambda: fleet.owners_settled({"w1"}), timeout=60, what="w1 owns all")
+    shards = fleet.settings.fleet.shards
+    ds = "victim"
+    shard = shard_of(ds, shards)
+    other = next(f"x{i}" for i in range(1000) if shard_of(f"x{i}", shards) != shard)
+    secret = SECRET.encode()
+
+    def signed(doc: dict[str, Any] | bytes) -> dict[bytes, bytes]:
+        data = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
+        return {b"data": data, b"sig": sign(data, secret)}
+
+    escape = tmp_path / "escape.txt"
+    hostile: list[tuple[str, dict[bytes, bytes]]] = [
+        ("bad_json", signed(b"{not json")),
+        ("schema", signed(_task(ds, task="zero"))),
+        ("unsupported_version", signed(_task(ds, v=99))),
+        ("unknown_type", signed({**_task(ds), "type": "drop_table"})),
+        ("unsafe_path", signed(_task(ds, files=[{"path": "../../../escape.txt", "size": 1}]))),
+        ("unsafe_path", signed(_task(ds, files=[{"path": str(escape), "size": 1}]))),
+        ("bad_dataset", signed(_task("_wal"))),
+        ("bad_job", signed(_task(ds, job="../../x"))),
+        ("oversized", signed(_task(ds, files=[{"path": f"p{i}.bin", "size": 1} for i in range(4000)]))),
+        ("bad_signature", {b"data": json.dumps(_task(ds)).encode(), b"sig": sign(b"other", secret)}),
+        ("unsigned", {b"data": json.dumps(_task(ds)).encode()}),
+        ("schema", {b"payload": b"no data field"}),
+        ("inconsistent", signed(_task(other))),
+    ]
+    for _reason, fields in hostile:
+        await fleet.redis.xadd(fleet.keys.events(shard), fields)  # type: ignore[arg-type]
+
+    async def all_dead() -> bool:
+        return len(await read_dead_letters(fleet.redis, fleet.keys, shard)) >= len(hostile)
+
+    await wait_for(all_dead, timeout=60, what="every hostile message dead-lettered")
+    dead = await read_dead_letters(fleet.redis, fleet.keys, shard)
+    assert sorted(d.reason for d in dead) == sorted(r for r, _ in hostile)
+    assert all(d.detail for d in dead)
+
+    # Replayed job-level events of a job that ended are dead letters too.
+    await fleet.publisher.publish_many(await good_job(fleet.store, "real", [ds], tasks=2))
+    await wait_for(lambda: committed(fleet.store, [ds], "real"), timeout=60, what="a real job still commits")
+    await wait_for(lambda: no_staging_left(fleet.store, "real"), timeout=60, what="cleanup")
+    await fleet.publisher.publish(JobStarted(job="real", datasets=[ds], timeout_s=60, started_at=time.time()))
+
+    async def replay_dead() -> bool:
+        return (
+            sum(d.reason == "replayed" for d in await read_dead_letters(fleet.redis, fleet.keys, shard)) == 1
+        )
+
+    await wait_for(replay_dead, timeout=60, what="replayed start dead-lettered")
+    evs = await admin_events(fleet.redis, fleet.settings.fleet.name)
+    assert sum(isinstance(e, MessageRejected) for e in evs) == len(hostile) + 1
+    assert fleet.names["w1"].proc.poll() is None, "the worker crashed"
+    # Nothing outside the store root, nothing in the store outside its areas.
+    assert not escape.exists()
+    assert not (tmp_path.parent / "escape.txt").exists()
+    tops = {info.key.split("/", 1)[0] async for info in fleet.store.list("")}
+    assert tops <= {ds, "_state", "_locks", "_staging", "_wal"}, tops
