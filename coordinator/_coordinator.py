@@ -30,7 +30,7 @@ import time
 
 import redis.asyncio
 
-from shared import LockLost, Settings, TransientError
+from shared import LockLost, OutcomeUnknown, Settings, TransientError
 from shared._logging import kv
 from shared.events import ShardsAssigned, WorkerLeft
 from shared.fleet import Assignment, FleetRegistry, moved_count, new_worker_id, rebalance
@@ -124,7 +124,7 @@ class Coordinator:
     async def _try_lead(self, lock: StorageLock) -> HeldLease | None:
         try:
             lease = await lock.try_acquire()
-        except TransientError as exc:
+        except (TransientError, OutcomeUnknown) as exc:
             log.warning("cannot reach the store for the leader lock", extra=kv(error=str(exc)))
             lease = None
         if lease is None:

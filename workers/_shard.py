@@ -205,13 +205,7 @@ class ShardRunner:
         self.store = ShardStateStore(ctx.redis, ctx.keys, self.shard, token)
         self.state = await self.store.load()
         await self._consumer.ensure_group()
-        others = [c.name for c in await self._consumer.consumers() if c.name != ctx.worker_id]
-        if others:
-            claimed = await self._consumer.claim_from(others)
-            log.info(
-                "took over pending entries",
-                extra=kv(shard=self.shard, consumers=others, entries=len(claimed)),
-            )
+        await self._claim_others(forget_idle=True)
         await self._resume_work()
         after = b"0"
         while not self.stopping.is_set():
@@ -230,6 +224,26 @@ class ShardRunner:
             if time.monotonic() - self._last_tick >= TICK_S:
                 self._last_tick = time.monotonic()
                 await self._tick()
+
+    async def _claim_others(self, *, forget_idle: bool = False) -> list[Entry]:
+        """Take over the entries pending to any other consumer of the shard's group.
+
+        We hold the shard's owner token, so every other consumer is a previous
+        owner that stopped (it confirmed, or its lease expired). A frozen one
+        that wakes up can still read a batch before it notices it was fenced:
+        those entries become pending to it, and this (called at session start
+        and on every tick) brings them back.
+        """
+        others = [
+            c.name for c in await self._consumer.consumers() if c.name != self.ctx.worker_id and c.pending
+        ]
+        if not others:
+            return []
+        claimed = await self._consumer.claim_from(others)
+        log.info(
+            "took over pending entries", extra=kv(shard=self.shard, consumers=others, entries=len(claimed))
+        )
+        return claimed
 
     async def _wait_capacity(self) -> None:
         # Back-pressure: no new intake while every in-flight slot is taken.
@@ -315,6 +329,9 @@ class ShardRunner:
     # -- background checks ----------------------------------------------------------------
 
     async def _tick(self) -> None:
+        claimed = await self._claim_others()
+        if claimed:
+            await self._process(claimed)
         now = time.time()
         for abort in self.state.expired(now):
             meta = self.state.set_status(abort.job, abort.dataset, "aborting", abort.reason)
