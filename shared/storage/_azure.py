@@ -22,8 +22,7 @@ import asyncio
 import os
 import time
 from collections.abc import AsyncIterator
-from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from azure.core import MatchConditions
@@ -46,7 +45,7 @@ from .._errors import (
     TransientError,
 )
 from .._settings import StoreSettings
-from ._port import ObjectData, ObjectInfo, check_key, check_prefix
+from ._port import ObjectData, ObjectInfo, StoreLifecycle, check_key, check_prefix
 
 # What a request was doing when it failed; "cond" is a conditional write.
 Op = Literal["read", "write", "cond", "delete", "copy", "list"]
@@ -122,7 +121,7 @@ def connection_kwargs(settings: StoreSettings, env: dict[str, str] | os._Environ
     return {"account_url": url, "credential": None}  # a SAS token in the URL, or public access
 
 
-class AzureStore:
+class AzureStore(StoreLifecycle):
     """An :class:`~shared.storage.ObjectStore` on an Azure Blob container (or Azurite)."""
 
     def __init__(self, container: str, prefix: str, settings: StoreSettings, *, url: str) -> None:
@@ -301,14 +300,5 @@ class AzureStore:
         if service is not None:
             await asyncio.shield(service.close())
 
-    async def __aenter__(self) -> Self:
+    async def open(self) -> None:
         self._cc()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()

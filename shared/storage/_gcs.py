@@ -20,8 +20,7 @@ import asyncio
 import base64
 import binascii
 from collections.abc import AsyncIterator
-from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Any, Literal
 
 import aiohttp
 
@@ -36,7 +35,7 @@ from .._errors import (
     TransientError,
 )
 from .._settings import StoreSettings
-from ._port import ObjectData, ObjectInfo, check_key, check_prefix
+from ._port import ObjectData, ObjectInfo, StoreLifecycle, check_key, check_prefix
 
 # What a request was doing when it failed; "cond" is a conditional write.
 Op = Literal["read", "write", "cond", "delete", "copy", "list"]
@@ -94,7 +93,7 @@ def _info(key: str, meta: dict[str, Any]) -> ObjectInfo:
     )
 
 
-class GcsStore:
+class GcsStore(StoreLifecycle):
     """An :class:`~shared.storage.ObjectStore` on a GCS bucket (or fake-gcs-server)."""
 
     def __init__(self, bucket: str, prefix: str, settings: StoreSettings, *, url: str) -> None:
@@ -238,14 +237,5 @@ class GcsStore:
         if session is not None:
             await asyncio.shield(session.close())
 
-    async def __aenter__(self) -> Self:
+    async def open(self) -> None:
         self._client()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()

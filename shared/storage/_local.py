@@ -33,11 +33,10 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
-from types import TracebackType
-from typing import BinaryIO, Self, TypeVar
+from typing import BinaryIO, TypeVar
 
 from .._errors import BadInput, ConfigError, NotFound, PreconditionFailed, TransientError
-from ._port import RESERVED_TOP, ObjectData, ObjectInfo, check_key, check_prefix
+from ._port import RESERVED_TOP, ObjectData, ObjectInfo, StoreLifecycle, check_key, check_prefix
 
 _STRIPES = 4096
 # A stripe lock is held for a stat and a rename only (microseconds), but a
@@ -59,7 +58,7 @@ def _info(key: str, st: os.stat_result) -> ObjectInfo:
     return ObjectInfo(key=key, size=st.st_size, version=_version(st), checksum=None)
 
 
-class LocalStore:
+class LocalStore(StoreLifecycle):
     """An :class:`~shared.storage.ObjectStore` over a local directory."""
 
     def __init__(self, root: Path, *, url: str | None = None, durable: bool = True) -> None:
@@ -298,17 +297,6 @@ class LocalStore:
         if pool is not None:
             # Running operations finish (each is atomic); nothing new starts.
             pool.shutdown(wait=False)
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
 
 def _bytes_filler(data: bytes) -> _Filler:

@@ -156,3 +156,32 @@ class ObjectStore(Protocol):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None: ...
+
+
+class StoreLifecycle:
+    """The async-context-manager behaviour every adapter shares.
+
+    ``async with store:`` calls :meth:`open` (adapters override it to create
+    their SDK client eagerly; the default does nothing) and :meth:`close` on
+    the way out, whatever happened.
+    """
+
+    async def open(self) -> None:
+        """Create the adapter's clients now instead of on first use."""
+        return
+
+    async def close(self) -> None:
+        """Release connections. Safe to call twice."""
+        return
+
+    async def __aenter__(self) -> Self:
+        await self.open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()

@@ -23,8 +23,7 @@ import contextlib
 import functools
 import re
 from collections.abc import AsyncIterator
-from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Any, Literal
 
 from botocore.exceptions import (
     BotoCoreError,
@@ -47,7 +46,7 @@ from .._errors import (
     TransientError,
 )
 from .._settings import StoreSettings
-from ._port import ObjectData, ObjectInfo, check_key, check_prefix
+from ._port import ObjectData, ObjectInfo, StoreLifecycle, check_key, check_prefix
 
 # What a request was doing when it failed: decides how an error is read.
 # "cond" is a conditional write, whose outcome matters to the caller.
@@ -137,7 +136,7 @@ def _never_connected(exc: EndpointConnectionError) -> bool:
     return cause is None or isinstance(cause, aiohttp.ClientConnectorError)
 
 
-class S3Store:
+class S3Store(StoreLifecycle):
     """An :class:`~shared.storage.ObjectStore` on an S3 bucket (or an S3-compatible service)."""
 
     def __init__(self, bucket: str, prefix: str, settings: StoreSettings, *, url: str) -> None:
@@ -294,14 +293,5 @@ class S3Store:
             await asyncio.shield(self._stack.aclose())
             self._stack = contextlib.AsyncExitStack()
 
-    async def __aenter__(self) -> Self:
+    async def open(self) -> None:
         await self._s3()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
