@@ -16,15 +16,11 @@ import redis.exceptions as rx
 from shared import Settings
 from shared.commit import list_unfinished
 from shared.fleet import FleetRegistry
-from shared.queue import DEFAULT_GROUP, Keys, redis_errors
+from shared.queue import DEFAULT_GROUP, Keys, as_text, redis_errors
 from shared.storage import ObjectStore
 from workers import JobMeta
 
 _meta_dec = msgspec.json.Decoder(JobMeta)
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 async def _shard_rows(r: redis.asyncio.Redis, keys: Keys, shards: int) -> list[dict[str, Any]]:
@@ -41,7 +37,7 @@ async def _shard_rows(r: redis.asyncio.Redis, keys: Keys, shards: int) -> list[d
         pending = lag = 0
         if not isinstance(groups, rx.ResponseError):
             for g in groups:
-                if _text(g["name"]) == DEFAULT_GROUP:
+                if as_text(g["name"]) == DEFAULT_GROUP:
                     pending = int(g["pending"])
                     lag = int(g.get("lag") or 0)
         rows.append(
@@ -123,7 +119,7 @@ async def fleet_status(
                 quarantined.setdefault(
                     (u.dataset, u.job), {"dataset": u.dataset, "job": u.job, "reason": u.quarantined}
                 )
-    counters = {_text(k): _text(v) for k, v in counters_raw.items()}
+    counters = {as_text(k): as_text(v) for k, v in counters_raw.items()}
     return {
         "fleet": settings.fleet.name,
         "shards": shards,

@@ -76,7 +76,7 @@ from shared.events import (
     restrict_to,
 )
 from shared.locks import HeldLease, StorageLock
-from shared.queue import Entry, ShardConsumer, redis_errors, shard_of
+from shared.queue import Entry, ShardConsumer, as_text, redis_errors, shard_of
 
 from ._context import WorkerContext
 from ._jobstate import (
@@ -110,11 +110,6 @@ class Operate(msgspec.Struct, frozen=True, kw_only=True):
     dataset: str
     job: str
     op: str
-
-
-def text(value: bytes | str) -> str:
-    """Return a Redis reply value as text."""
-    return value.decode() if isinstance(value, bytes) else value
 
 
 Work = Action | Recover | Operate
@@ -359,8 +354,8 @@ class ShardRunner:
             raw = await self.ctx.redis.hgetall(key)
         out: list[Operate] = []
         for field, op in raw.items():
-            dataset, _, job = text(field).partition("/")
-            out.append(Operate(dataset=dataset, job=job, op=text(op)))
+            dataset, _, job = as_text(field).partition("/")
+            out.append(Operate(dataset=dataset, job=job, op=as_text(op)))
         return out
 
     async def _resume_work(self) -> None:

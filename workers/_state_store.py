@@ -23,7 +23,7 @@ import redis.asyncio
 import redis.exceptions as rx
 
 from shared import Fenced
-from shared.queue import DEFAULT_GROUP, Keys, redis_errors
+from shared.queue import DEFAULT_GROUP, Keys, as_text, redis_errors
 
 from ._jobstate import Attempt, Ended, JobMeta, ShardJobs, attempt_field
 
@@ -87,10 +87,10 @@ class ShardStateStore:
             meta = _meta_dec.decode(raw)
             state.jobs[meta.job] = meta
         for key, raw in attempts.items():
-            job, dataset, _task, _attempt = _text(key).split("/")
+            job, dataset, _task, _attempt = as_text(key).split("/")
             state.load_attempt(job, dataset, _attempt_dec.decode(raw))
         for name, raw in ended.items():
-            state.ended[_text(name)] = _ended_dec.decode(raw)
+            state.ended[as_text(name)] = _ended_dec.decode(raw)
         return state
 
     async def save(self, batch: Batch, state: ShardJobs) -> None:
@@ -139,10 +139,6 @@ class ShardStateStore:
         if names:
             with redis_errors("HDEL ended"):
                 await self._r.hdel(self._ended, *names)
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def attempt_fields(state: ShardJobs, job: str) -> Sequence[str]:

@@ -9,7 +9,7 @@ bad value fails here with :class:`InvalidMessage` (``unsafe_path``,
     <dataset>/_commits/<job>.json                   commit manifest
     _state/<dataset>/watermarks.json                source watermarks
     _wal/<dataset>/<job>.json                       commit sequence (write-ahead log)
-    _locks/<name>.json                              locks (a dataset's lock name is the dataset)
+    _locks/<name>.json                              locks (see shared.locks.lock_key)
 """
 
 from __future__ import annotations
@@ -218,14 +218,3 @@ def lock_name(dataset: str) -> str:
     with ``_``, which no dataset can have.
     """
     return check_dataset_segment(dataset)
-
-
-def lock_key(name: str) -> str:
-    """Return ``_locks/<name>.json``, the object holding lock ``name``.
-
-    Raises:
-        InvalidMessage: ``unsafe_path`` when ``name`` is not one safe segment.
-    """
-    if len(name) > 200 or not name or name in (".", "..") or "/" in name or _BAD_PATH_CHARS.search(name):
-        raise InvalidMessage("unsafe_path", f"lock name {shown(name)} is not one safe segment")
-    return f"{LOCKS}/{name}.json"

@@ -27,7 +27,7 @@ import msgspec
 import redis.asyncio
 
 from .._errors import ConfigError
-from ..queue import Keys, redis_errors
+from ..queue import Keys, as_text, redis_errors
 from ._assignment import Assignment
 
 _ID_BAD = re.compile(r"[^A-Za-z0-9_.-]")
@@ -110,7 +110,7 @@ class FleetRegistry:
     async def members(self) -> tuple[dict[str, WorkerInfo], set[str]]:
         """Return (live workers by id, registered ids whose lease has expired)."""
         with redis_errors("read members"):
-            ids = sorted(_text(m) for m in await self._r.smembers(self.keys.workers))
+            ids = sorted(as_text(m) for m in await self._r.smembers(self.keys.workers))
             values = await self._r.mget([self._lease_key(w) for w in ids]) if ids else []
         live: dict[str, WorkerInfo] = {}
         dead: set[str] = set()
@@ -157,7 +157,7 @@ class FleetRegistry:
         """Return shard -> worker that confirmed it stopped the shard."""
         with redis_errors("read handoffs"):
             raw = await self._r.hgetall(self._handoff)
-        return {int(k): _text(v) for k, v in raw.items()}
+        return {int(k): as_text(v) for k, v in raw.items()}
 
     async def confirm_stopped(self, shard: int, worker: str) -> None:
         """Record that ``worker`` stopped ``shard`` (the first step of a handoff)."""
@@ -204,11 +204,7 @@ class FleetRegistry:
         """Return the advertised leading coordinator, if any."""
         with redis_errors("read leader"):
             raw = await self._r.get(self._leader)
-        return _text(raw) if raw else None
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+        return as_text(raw) if raw else None
 
 
 def worker_info(worker: str, started_at: float) -> WorkerInfo:

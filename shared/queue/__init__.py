@@ -9,7 +9,7 @@ from ._bench import raw_consume_rate
 from ._connect import connect, connect_sync, redis_errors
 from ._consumer import DEFAULT_GROUP, ConsumerInfo, ShardConsumer, ShardLag
 from ._dead_letters import DeadLetter, count_dead_letters, read_dead_letters
-from ._entry import Entry, id_key
+from ._entry import Entry, as_text, id_key
 from ._fleet_meta import FleetMeta, ensure_fleet, ensure_fleet_sync, read_fleet_meta
 from ._keys import Keys
 from ._publisher import AsyncPublisher, SyncPublisher, plan_entries
@@ -31,6 +31,7 @@ __all__ = [
     "connect",
     "connect_sync",
     "count_dead_letters",
+    "as_text",
     "ensure_fleet",
     "ensure_fleet_sync",
     "follow_admin",

@@ -29,7 +29,7 @@ import redis.asyncio
 from .._errors import NotFound
 from ._connect import redis_errors
 from ._dead_letters import DEFAULT_MAX_COPY_BYTES, dead_letter_fields
-from ._entry import Entry, entries_from_raw, entries_from_reply, id_key, max_id
+from ._entry import Entry, as_text, entries_from_raw, entries_from_reply, id_key, max_id
 from ._keys import Keys
 
 DEFAULT_GROUP = "workers"
@@ -271,7 +271,7 @@ class ShardConsumer:
             rows = await self.redis.xinfo_consumers(self.stream, self.group)
         return [
             ConsumerInfo(
-                name=_text(row["name"]),
+                name=as_text(row["name"]),
                 pending=int(row["pending"]),
                 idle_ms=int(row["idle"]),
             )
@@ -291,7 +291,7 @@ class ShardConsumer:
                 pipe.xinfo_groups(self.stream)
                 length, groups = await pipe.execute()
         for row in groups:
-            if _text(row["name"]) == self.group:
+            if as_text(row["name"]) == self.group:
                 raw_lag = row.get("lag")
                 return ShardLag(
                     shard=self.shard,
@@ -301,10 +301,6 @@ class ShardConsumer:
                     last_delivered_id=row["last-delivered-id"],
                 )
         raise NotFound(f"no consumer group {self.group!r} on {self.stream}")
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
 
 __all__ = ["DEFAULT_GROUP", "ConsumerInfo", "ShardConsumer", "ShardLag"]

@@ -26,6 +26,11 @@ class Entry:
         return not self.fields
 
 
+def as_text(value: bytes | str) -> str:
+    """Return a Redis reply value as text (bytes are decoded as UTF-8, bad bytes replaced)."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
 def as_bytes(value: object) -> bytes:
     """Return a Redis reply value as bytes (clients here never decode responses).
 
@@ -83,4 +88,4 @@ def entries_from_raw(raw: Any) -> list[Entry]:
     return out
 
 
-__all__ = ["Entry", "as_bytes", "entries_from_raw", "entries_from_reply", "id_key", "max_id"]
+__all__ = ["Entry", "as_text", "as_bytes", "entries_from_raw", "entries_from_reply", "id_key", "max_id"]
