@@ -11,7 +11,7 @@ from typing import Any
 import redis.asyncio
 from rich.console import Console
 
-from shared import ConfigError, Settings
+from shared import BadInput, ConfigError, Settings
 from shared.commit import AuditReport, audit, list_unfinished
 from shared.events import AdminEvent, OperatorAction, check_dataset_segment, check_job, encode_admin
 from shared.queue import Keys, connect, follow_admin, read_admin_range, redis_errors, shard_of
@@ -105,7 +105,7 @@ async def operator_request(s: Settings, dataset: str, job: str, op: str, *, wait
     try:
         check_dataset_segment(dataset)
         check_job(job)
-    except ValueError as exc:
+    except (ValueError, BadInput) as exc:  # InvalidMessage is a BadInput, not a ValueError
         raise ConfigError(str(exc)) from None
     keys = Keys(s.fleet.name)
     if s.store.url:

@@ -121,3 +121,23 @@ async def no_staging_left(store: ObjectStore, job: str) -> bool:
 async def clean_audit(store: ObjectStore) -> AuditReport:
     """Return the audit report (callers assert ``ok``)."""
     return await audit(store)
+
+
+async def corrupted_job(
+    store: ObjectStore, job: str, dataset: str, tasks: int = 2
+) -> tuple[list[QueueEvent], str, bytes]:
+    """Return the events of a finished job whose task 0 staged file is shorter than its report says.
+
+    Publishing it makes the commit's publish step fail verification, so the
+    commit core quarantines the sequence. Also returns the corrupted staged
+    key and the bytes that belong there (write them back to fix the cause).
+    """
+    evs: list[QueueEvent] = [JobStarted(job=job, datasets=[dataset], timeout_s=600, started_at=time.time())]
+    for t in range(tasks):
+        evs.append(await stage_task(store, job, dataset, t, 0))
+    key = staged_key(job, dataset, 0, 0, "part-0.bin")
+    right = (await store.read(key)).data
+    await store.write(key, right[: len(right) // 2])
+    expect = {dataset: DatasetExpectation(tasks=tasks, winners=[0] * tasks)}
+    evs.append(JobFinished(job=job, datasets=expect, finished_at=time.time()))
+    return evs, key, right

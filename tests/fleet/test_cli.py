@@ -1,0 +1,558 @@
+"""The ``commitfleet`` CLI and the coordinator's admin HTTP API against a running fleet.
+
+Every command runs as a real subprocess (``python -m coordinator ...``) with an
+environment free of ``COMMITFLEET_*`` / ``REDIS_URL``, the way an operator runs
+it; the tests check its real output and exit codes against what the fleet of
+real coordinator and worker processes did (manifests in the store, admin
+events in Redis).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import jsonschema  # type: ignore[import-untyped]
+import pytest
+
+from coordinator._status import fleet_status
+from shared.commit import list_unfinished, read_manifest
+from shared.events import (
+    Aborted,
+    Committed,
+    DatasetExpectation,
+    JobFinished,
+    JobStarted,
+    OperatorAction,
+    Quarantined,
+    QueueEvent,
+    manifest_key,
+    wal_key,
+)
+from tests._support.ports import free_port
+from tests._support.wait import wait_for
+
+from ._helpers import (
+    admin_events,
+    clean_audit,
+    committed,
+    corrupted_job,
+    failed_job,
+    good_job,
+    no_staging_left,
+    stage_task,
+)
+from .conftest import Fleet
+
+CLI_TIMEOUT = 60.0
+
+
+@dataclass(frozen=True)
+class CliResult:
+    """What one CLI run printed and how it exited."""
+
+    rc: int
+    out: str
+    err: str
+
+    def json_lines(self) -> list[dict[str, Any]]:
+        """Return stdout parsed as one JSON object per non-empty line."""
+        return [json.loads(line) for line in self.out.splitlines() if line.strip()]
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    """Return this process's environment without fleet settings, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COMMITFLEET_") and k != "REDIS_URL"}
+    # A wide virtual terminal, so Rich tables do not wrap names.
+    env["COLUMNS"] = "200"
+    env.update(extra)
+    return env
+
+
+def cli_argv(*args: str | Path) -> list[str]:
+    return [sys.executable, "-m", "coordinator", *map(str, args)]
+
+
+async def cli(
+    *args: str | Path, env: dict[str, str] | None = None, timeout: float = CLI_TIMEOUT
+) -> CliResult:
+    """Run ``commitfleet ARGS`` to its end; fail the test if it outlives ``timeout``."""
+    proc = await asyncio.create_subprocess_exec(
+        *cli_argv(*args),
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env or cli_env(),
+        start_new_session=True,
+    )
+    try:
+        async with asyncio.timeout(timeout):
+            out, err = await proc.communicate()
+    except TimeoutError:
+        os.killpg(proc.pid, signal.SIGKILL)
+        await proc.wait()
+        raise AssertionError(f"commitfleet {' '.join(map(str, args))} ran longer than {timeout}s") from None
+    assert proc.returncode is not None
+    return CliResult(proc.returncode, out.decode(), err.decode())
+
+
+def row(*cells: str) -> str:
+    """Return a regex for a Rich table row whose cells start with ``cells``, in order."""
+    return r"[\s│]+".join(re.escape(c) for c in cells)
+
+
+async def status_doc(fleet: Fleet) -> dict[str, Any]:
+    """Return the status document read in-process (cheap, for polling)."""
+    return await fleet_status(fleet.redis, fleet.keys, fleet.settings, fleet.store)
+
+
+async def wait_admin(fleet: Fleet, probe: Any, what: str, timeout: float = 60) -> Any:
+    """Wait until ``probe(admin events)`` returns something truthy; return it."""
+
+    async def check() -> Any:
+        return probe(await admin_events(fleet.redis, fleet.settings.fleet.name))
+
+    return await wait_for(check, timeout=timeout, interval=0.1, what=what)
+
+
+async def read_line_until(stream: asyncio.StreamReader, pred: Any, deadline: float, seen: list[str]) -> str:
+    """Read lines from ``stream`` until one satisfies ``pred``; fail after ``deadline`` (monotonic)."""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AssertionError(f"no matching line before the deadline; lines so far: {seen}")
+        try:
+            raw = await asyncio.wait_for(stream.readline(), left)
+        except TimeoutError:
+            continue
+        if not raw:
+            raise AssertionError(f"stream ended; lines so far: {seen}")
+        line = raw.decode().rstrip("\n")
+        seen.append(line)
+        if pred(line):
+            return line
+
+
+# -- a fleet with commits, an abort and an open job: status, events, audit, HTTP ---------------
+
+
+@pytest.fixture
+def fleet_overrides() -> dict[str, Any]:
+    """A known admin API port for this module's coordinators."""
+    return {"coordinator": {"http_port": free_port()}}
+
+
+async def test_status_events_audit_and_http_api(fleet: Fleet) -> None:
+    cfg = fleet.config
+    fleet.start("coordinator", "c1")
+    fleet.start("worker", "w1")
+    fleet.start("worker", "w2")
+    await wait_for(lambda: fleet.owners_settled({"w1", "w2"}), timeout=60, what="2 workers own all shards")
+
+    good = await good_job(fleet.store, "j-good", ["alpha", "beta", "gamma"], tasks=2)
+    bad = await failed_job(fleet.store, "j-bad", ["delta"], tasks=1)
+    # A job still running (open), and a finished one that waits for a task that never reported.
+    opened: list[QueueEvent] = [
+        JobStarted(job="j-open", datasets=["eps"], timeout_s=600, started_at=time.time()),
+        await stage_task(fleet.store, "j-open", "eps", 0, 0),
+    ]
+    waiting: list[QueueEvent] = [
+        JobStarted(job="j-wait", datasets=["eta"], timeout_s=600, started_at=time.time()),
+        await stage_task(fleet.store, "j-wait", "eta", 0, 0),
+        JobFinished(job="j-wait", datasets={"eta": DatasetExpectation(tasks=2)}, finished_at=time.time()),
+    ]
+    await fleet.publisher.publish_many([*good, *bad, *opened, *waiting])
+    await wait_for(
+        lambda: committed(fleet.store, ["alpha", "beta", "gamma"], "j-good"), what="j-good commits"
+    )
+    await wait_admin(fleet, lambda evs: any(isinstance(e, Aborted) for e in evs), "delta aborted")
+    await wait_for(lambda: no_staging_left(fleet.store, "j-bad"), what="j-bad staging gone")
+
+    async def open_jobs_seen() -> bool:
+        doc = await status_doc(fleet)
+        return sorted(j["job"] for j in doc["open_jobs"]) == ["j-open", "j-wait"] and bool(doc["pending"])
+
+    await wait_for(open_jobs_seen, what="only j-open and j-wait open")
+
+    # status --json: the document, checked against what the fleet is.
+    res = await cli("status", "--config", cfg, "--json")
+    assert res.rc == 0, res.err
+    doc = json.loads(res.out)
+    assert doc["fleet"] == fleet.settings.fleet.name
+    assert doc["shards"] == 8
+    assert doc["leader"] == "c1"
+    workers = {w["id"]: w for w in doc["workers"]}
+    assert set(workers) == {"w1", "w2"}
+    owned = [s for w in workers.values() for s in w["shards"]]
+    assert sorted(owned) == list(range(8)), owned
+    assert sorted(len(w["shards"]) for w in workers.values()) == [4, 4]
+    assert all(w["pid"] == fleet.names[w["id"]].pid for w in workers.values())
+    assert sorted((j["job"], j["datasets"]) for j in doc["open_jobs"]) == [
+        ("j-open", {"eps": "open"}),
+        ("j-wait", {"eta": "waiting"}),
+    ]
+    assert [(p["dataset"], p["job"], p["status"]) for p in doc["pending"]] == [("eta", "j-wait", "waiting")]
+    assert doc["quarantined"] == []
+    assert doc["expired_workers"] == []
+    assert all(r["owner"] in ("w1", "w2") and r["moving_to"] is None for r in doc["shard_table"])
+
+    # status (text): the same facts for a person.
+    res = await cli("status", "--config", cfg)
+    assert res.rc == 0, res.err
+    assert f"fleet {fleet.settings.fleet.name}" in res.out
+    assert "leader c1" in res.out
+    rows = {ln.split()[1]: ln for ln in res.out.splitlines() if re.match(r"^\S\s+w[12]\s", ln)}
+    assert set(rows) == {"w1", "w2"}, res.out
+    assert all(re.search(r"\s4\s", ln) for ln in rows.values()), res.out  # 4 shards each
+    assert "shards moving 0  unowned 0" in res.out
+    assert re.search(r"j-open\s.*eps:open", res.out), res.out
+    assert re.search(r"j-wait\s.*eta:waiting", res.out), res.out
+    assert re.search(row("eta", "j-wait", "waiting"), res.out), res.out
+    assert "no quarantined datasets" in res.out
+
+    # events: every admin event so far; --json lines parse; filters narrow.
+    res = await cli("events", "--config", cfg, "--json", "--last", "1000")
+    assert res.rc == 0, res.err
+    evs = res.json_lines()
+    types = [e["type"] for e in evs]
+    assert {e["worker"] for e in evs if e["type"] == "worker_joined"} == {"w1", "w2"}
+    assert "shards_assigned" in types
+    assert sorted(e["dataset"] for e in evs if e["type"] == "committed") == ["alpha", "beta", "gamma"]
+    assert [(e["dataset"], e["job"]) for e in evs if e["type"] == "aborted"] == [("delta", "j-bad")]
+    ids = [e["id"] for e in evs]
+    assert ids == sorted(ids, key=lambda i: tuple(map(int, i.split("-")))), "events out of order"
+    stored = await admin_events(fleet.redis, fleet.settings.fleet.name)
+    assert len(evs) == len(stored)
+
+    res = await cli("events", "--config", cfg)  # text, default --last 50
+    assert res.rc == 0, res.err
+    lines = res.out.splitlines()
+    assert len(lines) == min(50, len(stored))
+    assert all(re.match(r"^\d\d:\d\d:\d\d \w+", ln) for ln in lines), lines
+    assert any(re.search(r"\scommitted\s.*dataset=alpha job=j-good", ln) for ln in lines), lines
+
+    res = await cli("events", "--config", cfg, "--json", "--type", "committed", "-t", "aborted")
+    assert res.rc == 0, res.err
+    assert sorted((e["type"], e["dataset"]) for e in res.json_lines()) == [
+        ("aborted", "delta"),
+        ("committed", "alpha"),
+        ("committed", "beta"),
+        ("committed", "gamma"),
+    ]
+    res = await cli("events", "--config", cfg, "--json", "--dataset", "alpha")
+    assert res.rc == 0, res.err
+    got = res.json_lines()
+    assert {e["dataset"] for e in got} == {"alpha"}
+    assert [e["type"] for e in got] == ["commit_started", "committed"]
+    res = await cli("events", "--config", cfg, "--json", "--job", "j-bad")
+    assert res.rc == 0, res.err
+    assert [(e["type"], e["dataset"]) for e in res.json_lines()] == [("aborted", "delta")]
+    res = await cli("events", "--config", cfg, "--json", "--type", "committed", "--last", "2")
+    assert res.rc == 0, res.err
+    assert len(res.json_lines()) == 2
+
+    # events --follow: prints the backlog, then a commit that happens after it started.
+    follow = await asyncio.create_subprocess_exec(
+        *cli_argv("events", "--config", cfg, "--follow", "--type", "committed"),
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=cli_env(),
+        start_new_session=True,
+    )
+    try:
+        assert follow.stdout is not None and follow.stderr is not None
+        seen: list[str] = []
+        deadline = time.monotonic() + 30
+        await read_line_until(follow.stdout, lambda ln: "job=j-good" in ln, deadline, seen)
+        # The backlog has been read: whatever is appended from now on must show.
+        await fleet.publisher.publish_many(await good_job(fleet.store, "j-late", ["zeta"], tasks=1))
+        line = await read_line_until(follow.stdout, lambda ln: "job=j-late" in ln, deadline, seen)
+        assert re.search(r"\scommitted\s.*dataset=zeta job=j-late", line), line
+        assert all(" committed " in ln for ln in seen), seen  # the filter holds while following
+        assert follow.returncode is None, "events --follow exited on its own"
+        # Ctrl-C ends it quietly.
+        os.killpg(follow.pid, signal.SIGINT)
+        async with asyncio.timeout(15):
+            _out, err = await follow.communicate()
+        rc: int | None = follow.returncode
+        assert rc in (0, 130, -signal.SIGINT), (rc, err)
+        assert b"Traceback" not in err, err.decode()
+    finally:
+        if follow.returncode is None:
+            os.killpg(follow.pid, signal.SIGKILL)
+            await follow.wait()
+
+    # audit: clean store -> exit 0; a planted stray file -> exit 1, listed; --json parses.
+    root = str(fleet.settings.store.url)
+    res = await cli("audit", root)
+    assert res.rc == 0, (res.out, res.err)
+    assert "no violations" in res.out
+    assert "datasets 4  manifests 4" in res.out, res.out
+    await fleet.store.write("alpha/stray.bin", b"not listed by any manifest")
+    res = await cli("audit", Path(root.removeprefix("file://")))  # a plain path works too
+    assert res.rc == 1, (res.out, res.err)
+    assert re.search(row("unlisted_file", "alpha/stray.bin", "no manifest lists it"), res.out), res.out
+    res = await cli("audit", root, "--json")
+    assert res.rc == 1, res.err
+    report = json.loads(res.out)
+    assert [(v["kind"], v["key"]) for v in report["violations"]] == [("unlisted_file", "alpha/stray.bin")]
+    assert report["manifests"] == 4
+    await fleet.store.delete("alpha/stray.bin")
+
+    # The admin HTTP API of the coordinator process.
+    base = f"http://127.0.0.1:{fleet.settings.coordinator.http_port}"
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
+        async with http.get(f"{base}/healthz") as resp:
+            assert resp.status == 200
+            assert (await resp.text()).strip() == "ok"
+        async with http.get(f"{base}/status") as resp:
+            assert resp.status == 200
+            assert resp.content_type == "application/json"
+            hdoc = await resp.json()
+        assert {w["id"] for w in hdoc["workers"]} == {"w1", "w2"}
+        assert hdoc["coordinator"] == {"id": "c1", "leading": True}
+        assert hdoc["leader"] == "c1"
+        assert sorted(j["job"] for j in hdoc["open_jobs"]) == ["j-open", "j-wait"]
+
+        async def metrics() -> str:
+            async with http.get(f"{base}/metrics") as resp:
+                assert resp.status == 200
+                text = await resp.text()
+            # Workers flush their counters about once a second.
+            return text if re.search(r"^commitfleet_committed_total\{.*\} 4$", text, re.M) else ""
+
+        text = await wait_for(metrics, timeout=30, interval=0.2, what="committed_total 4 in /metrics")
+        lab = f'fleet="{fleet.settings.fleet.name}"'
+        for line in (
+            f"commitfleet_committed_total{{{lab}}} 4",
+            f"commitfleet_aborted_total{{{lab}}} 1",
+            f"commitfleet_quarantined_total{{{lab}}} 0",
+            f"commitfleet_workers{{{lab}}} 2",
+            f"commitfleet_open_jobs{{{lab}}} 2",
+            f"commitfleet_pending_datasets{{{lab}}} 1",
+            f"commitfleet_quarantined_datasets{{{lab}}} 0",
+            "# TYPE commitfleet_commit_duration_seconds histogram",
+        ):
+            assert line in text.splitlines(), f"{line!r} not in:\n{text}"
+        m = re.search(r'^commitfleet_admin_events_total\{.*type="committed"\} (\d+)$', text, re.M)
+        assert m is not None and int(m.group(1)) == 4, text
+        m = re.search(r"^commitfleet_commit_duration_seconds_count (\d+)$", text, re.M)
+        assert m is not None and int(m.group(1)) == 4, text
+
+        # /events: server-sent events, replayed from the start and filtered.
+        async with http.get(f"{base}/events", params={"from": "0", "type": "committed"}) as resp:
+            assert resp.status == 200
+            assert resp.content_type == "text/event-stream"
+            sse = await read_sse(resp, 2)
+        assert [e["event"] for e in sse] == ["committed", "committed"]
+        for e in sse:
+            data = json.loads(e["data"])
+            assert data["type"] == "committed" and data["job"] == "j-good"
+            assert re.fullmatch(r"\d+-\d+", e["id"])
+        # Resuming after the last id seen (Last-Event-ID) goes on from there.
+        async with http.get(
+            f"{base}/events", params={"type": "committed"}, headers={"Last-Event-ID": sse[-1]["id"]}
+        ) as resp:
+            more = await read_sse(resp, 2)
+        datasets = [json.loads(e["data"])["dataset"] for e in (*sse, *more)]
+        assert sorted(datasets) == ["alpha", "beta", "gamma", "zeta"]
+
+
+async def read_sse(resp: aiohttp.ClientResponse, n: int, timeout: float = 15) -> list[dict[str, str]]:
+    """Read ``n`` server-sent events (``id``, ``event``, ``data`` fields) from ``resp``."""
+    events: list[dict[str, str]] = []
+    current: dict[str, str] = {}
+    async with asyncio.timeout(timeout):
+        while len(events) < n:
+            raw = await resp.content.readline()
+            if not raw:
+                raise AssertionError(f"event stream ended after {events}")
+            line = raw.decode().rstrip("\n")
+            if not line:
+                if current:
+                    events.append(current)
+                current = {}
+                continue
+            name, _, value = line.partition(":")
+            current[name] = value.removeprefix(" ")
+    return events
+
+
+# -- quarantine, then retry and skip from the CLI ------------------------------------------------
+
+
+async def test_retry_and_skip_quarantined_datasets(fleet: Fleet) -> None:
+    cfg = fleet.config
+    fleet.start("coordinator", "c1")
+    fleet.start("worker", "w1")
+    await wait_for(lambda: fleet.owners_settled({"w1"}), timeout=60, what="w1 owns all shards")
+
+    # Two datasets whose staged file is shorter than its task reported: both quarantine.
+    fix_evs, fix_key, fix_bytes = await corrupted_job(fleet.store, "j-fix", "qa")
+    skip_evs, _skip_key, _ = await corrupted_job(fleet.store, "j-skip", "qb")
+    await fleet.publisher.publish_many([*fix_evs, *skip_evs])
+
+    def quarantined(evs: list[Any]) -> set[tuple[str, str]]:
+        return {(e.dataset, e.job) for e in evs if isinstance(e, Quarantined)}
+
+    await wait_admin(
+        fleet, lambda evs: quarantined(evs) == {("qa", "j-fix"), ("qb", "j-skip")}, "2 quarantined events"
+    )
+    # A later job of qb waits behind the quarantined sequence.
+    await fleet.publisher.publish_many(await good_job(fleet.store, "j-after", ["qb"], tasks=2))
+
+    async def blocked() -> bool:
+        doc = await status_doc(fleet)
+        return any(
+            (p["dataset"], p["job"], p["status"]) == ("qb", "j-after", "blocked") for p in doc["pending"]
+        )
+
+    await wait_for(blocked, what="qb/j-after blocked")
+
+    res = await cli("status", "--config", cfg, "--json")
+    assert res.rc == 0, res.err
+    doc = json.loads(res.out)
+    assert [(q["dataset"], q["job"]) for q in doc["quarantined"]] == [("qa", "j-fix"), ("qb", "j-skip")]
+    assert all("publish" in q["reason"] and "reported" in q["reason"] for q in doc["quarantined"]), doc
+    assert ("qb", "j-after", "blocked") in [(p["dataset"], p["job"], p["status"]) for p in doc["pending"]]
+    res = await cli("status", "--config", cfg)
+    assert res.rc == 0, res.err
+    assert re.search(row("qa", "j-fix", "publish"), res.out), res.out
+    assert re.search(row("qb", "j-skip", "publish"), res.out), res.out
+    assert "no quarantined datasets" not in res.out
+
+    # The audit reports the quarantined sequences.
+    res = await cli("audit", fleet.settings.store.url, "--json")
+    assert res.rc == 1, res.err
+    kinds = {(v["kind"], v["key"]) for v in json.loads(res.out)["violations"]}
+    assert {
+        ("quarantined_sequence", wal_key("qa", "j-fix")),
+        ("quarantined_sequence", wal_key("qb", "j-skip")),
+    } <= kinds
+
+    # An operator request for something that is not there: one line, exit 2, nothing sent.
+    res = await cli("retry", "qa", "j-nope", "--config", cfg)
+    assert res.rc == 2, (res.out, res.err)
+    assert res.err.count("\n") == 1 and "no unfinished commit sequence" in res.err, res.err
+    res = await cli("skip", "../etc", "j-fix", "--config", cfg)
+    assert res.rc == 2, (res.out, res.err)
+    assert res.err.count("\n") == 1, res.err
+
+    # retry after fixing the cause: the dataset commits, exactly once.
+    await fleet.store.write(fix_key, fix_bytes)
+    res = await cli("retry", "qa", "j-fix", "--config", cfg)
+    assert res.rc == 0, (res.out, res.err)
+    assert "retry of qa / j-fix done by w1" in res.out
+    manifest = await read_manifest(fleet.store, "qa", "j-fix")
+    assert manifest is not None
+    assert len(manifest.files) == 2
+    assert await no_staging_left(fleet.store, "j-fix")
+    evs = await admin_events(fleet.redis, fleet.settings.fleet.name)
+    assert [(e.dataset, e.job) for e in evs if isinstance(e, Committed) and e.dataset == "qa"] == [
+        ("qa", "j-fix")
+    ]
+    assert [(e.dataset, e.action) for e in evs if isinstance(e, OperatorAction)] == [("qa", "retry")]
+
+    # skip: rolled back, and the job that waited behind it commits.
+    res = await cli("skip", "qb", "j-skip", "--config", cfg)
+    assert res.rc == 0, (res.out, res.err)
+    assert "skip of qb / j-skip done by w1" in res.out
+    assert await read_manifest(fleet.store, "qb", "j-skip") is None
+    assert await no_staging_left(fleet.store, "j-skip")
+    assert [u.job for u in await list_unfinished(fleet.store, "qb") if u.job == "j-skip"] == []
+    published = [i.key async for i in fleet.store.list("qb/") if "/_commits/" not in i.key]
+    assert not any("j-skip" in k for k in published), published
+    await wait_for(lambda: committed(fleet.store, ["qb"], "j-after"), timeout=30, what="qb/j-after commits")
+    assert await fleet.store.head(manifest_key("qb", "j-after"))
+
+    async def settled_status() -> dict[str, Any] | None:
+        res = await cli("status", "--config", cfg, "--json")
+        assert res.rc == 0, res.err
+        doc = json.loads(res.out)
+        return doc if not doc["pending"] and not doc["open_jobs"] else None
+
+    doc = await wait_for(settled_status, timeout=30, interval=0.2, what="nothing pending")
+    assert doc["quarantined"] == []
+    res = await cli("audit", fleet.settings.store.url)
+    assert res.rc == 0, (res.out, res.err)
+    assert "no violations" in res.out
+    assert (await clean_audit(fleet.store)).ok
+    evs = await admin_events(fleet.redis, fleet.settings.fleet.name)
+    assert [(e.dataset, e.action) for e in evs if isinstance(e, OperatorAction)] == [
+        ("qa", "retry"),
+        ("qb", "skip"),
+    ]
+    assert sorted((e.dataset, e.job) for e in evs if isinstance(e, Committed)) == [
+        ("qa", "j-fix"),
+        ("qb", "j-after"),
+    ]
+
+
+# -- commands that need no fleet ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("admin", [False, True], ids=["queue", "admin"])
+async def test_schema_prints_json_schema(admin: bool) -> None:
+    res = await cli("schema", *(["--admin"] if admin else []))
+    assert res.rc == 0, res.err
+    doc = json.loads(res.out)
+    jsonschema.Draft202012Validator.check_schema(doc)
+    text = json.dumps(doc)
+    for tag in ("worker_joined", "committed", "quarantined") if admin else ("job_started", "task_finished"):
+        assert tag in text, tag
+
+
+BAD_SETTINGS = [
+    ("status", {"COMMITFLEET_LOCK_VALIDITY": "abc"}, None, "lock"),
+    ("status", {"COMMITFLEET_FOO_BAR": "1"}, None, "COMMITFLEET_FOO_BAR"),
+    ("status", {}, "this is [not toml", "not valid TOML"),
+    ("status", {}, '[fleet]\nshards = "many"\n', "shards"),
+    ("status", {"COMMITFLEET_CONFIG": "/nonexistent/commitfleet.toml"}, None, "not found"),
+    ("events", {"COMMITFLEET_LOCK_VALIDITY": "abc"}, None, "lock"),
+    ("retry", {}, "this is [not toml", "not valid TOML"),
+    ("worker", {"COMMITFLEET_FOO_BAR": "1"}, None, "COMMITFLEET_FOO_BAR"),
+]
+
+
+@pytest.mark.parametrize(
+    ("command", "env", "config_text", "needle"),
+    BAD_SETTINGS,
+    ids=[
+        "bad-value",
+        "unknown-var",
+        "not-toml",
+        "bad-type-in-file",
+        "missing-file",
+        "events",
+        "retry",
+        "worker",
+    ],
+)
+async def test_bad_setting_stops_with_one_line(
+    tmp_path: Path, command: str, env: dict[str, str], config_text: str | None, needle: str
+) -> None:
+    args: list[str | Path] = [command]
+    if command == "retry":
+        args += ["ds", "job1"]
+    if config_text is not None:
+        path = tmp_path / "bad.toml"
+        path.write_text(config_text)
+        args += ["--config", path]
+    # Nothing listens here: a command that got past its settings would fail otherwise.
+    res = await cli(*args, env=cli_env(REDIS_URL="redis://127.0.0.1:9/0", **env), timeout=30)
+    assert res.rc == 2, (res.rc, res.out, res.err)
+    assert res.out == ""
+    lines = res.err.splitlines()
+    assert len(lines) == 1, res.err
+    assert lines[0].startswith("commitfleet: config error:"), lines
+    assert needle in lines[0], lines
