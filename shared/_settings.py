@@ -72,8 +72,13 @@ class StoreSettings(_Section, frozen=True):
     # Attempts the S3 and Azure SDKs make per request before an error reaches the caller
     # (1 = no SDK-level retries; callers retry with their own RetryPolicy either way).
     sdk_attempts: int = 3
+    # Chaos testing only: this fraction of store requests fails on purpose
+    # (throttling, 5xx, lost replies). 0 = off. Never in production.
+    chaos_fault_rate: float = 0.0
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.chaos_fault_rate < 1.0:
+            raise ValueError("store.chaos_fault_rate must be in [0, 1)")
         if self.url and not self.url.startswith(("file://", "s3://", "gs://", "az://")):
             raise ValueError("store.url must start with file://, s3://, gs:// or az://")
         if self.request_timeout <= 0:

@@ -26,11 +26,22 @@ def open_store(url: str, settings: StoreSettings | None = None) -> ObjectStore:
     """Return the adapter for ``url`` (``file://``, ``s3://``, ``gs://``, ``az://``).
 
     The adapter is not connected yet; use it as an async context manager.
+    With ``settings.chaos_fault_rate`` > 0 it is wrapped in a
+    :class:`~shared.storage._faults.FaultyStore` (chaos testing only).
 
     Raises:
         ConfigError: unknown scheme, missing bucket, or a bad path.
     """
     settings = settings or StoreSettings()
+    store = _adapter(url, settings)
+    if settings.chaos_fault_rate > 0:
+        from ._faults import FaultyStore
+
+        return FaultyStore(store, settings.chaos_fault_rate)
+    return store
+
+
+def _adapter(url: str, settings: StoreSettings) -> ObjectStore:
     scheme = urlsplit(url).scheme
     if scheme == "file":
         parts = urlsplit(url)

@@ -114,7 +114,9 @@ async def fleet(
     secret = settings.security.hmac_secret or None
     publisher = AsyncPublisher(redis_client, fleet_name, settings.fleet.shards, secret=secret)
     with fleet_processes(process_log_dir) as procs:
-        async with open_store(settings.store.url, settings.store) as store:
+        # The test's own view of the store is never faulty, whatever the fleet's is.
+        own = msgspec.structs.replace(settings.store, chaos_fault_rate=0.0)
+        async with open_store(settings.store.url, own) as store:
             yield Fleet(settings, config, process_log_dir, store, redis_client, procs, publisher)
         rep = getattr(request.node, "rep_call", None)
         if rep is not None and rep.failed:

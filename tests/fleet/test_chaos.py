@@ -1,0 +1,129 @@
+"""Faults under a running fleet: storage failing (throttling, 5xx, lost replies) and
+Redis restarting. The exactly-once check must still hold.
+
+The default suite runs one short round of each; ``pytest -m chaos`` runs the
+long ones (more datasets, higher fault rates).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from shared.commit import audit
+from shared.events import Committed
+from tests._support.redis_server import RedisServer
+from tests._support.wait import wait_for
+
+from ._helpers import admin_events, committed, failed_job, good_job, no_staging_left
+from .conftest import Fleet
+
+
+async def _run_waves(fleet: Fleet, waves: int, per_wave: int, *, between: Any = None) -> set[tuple[str, str]]:
+    expected: set[tuple[str, str]] = set()
+    for n in range(waves):
+        datasets = [f"w{n}-{i:03d}" for i in range(per_wave)]
+        events = await good_job(fleet.store, f"job{n}", datasets, tasks=3)
+        events += await failed_job(fleet.store, f"bad{n}", datasets[:3], tasks=2)
+        await fleet.publisher.publish_many(events)
+        expected.update((ds, f"job{n}") for ds in datasets)
+        if between is not None:
+            await between(n)
+    for n in range(waves):
+        ds = [d for d, j in expected if j == f"job{n}"]
+        await wait_for(
+            lambda ds=ds, n=n: committed(fleet.store, ds, f"job{n}"),
+            timeout=180,
+            interval=0.3,
+            what=f"wave {n} committed",
+        )
+        for job in (f"job{n}", f"bad{n}"):
+            await wait_for(
+                lambda job=job: no_staging_left(fleet.store, job), timeout=120, what=f"{job} staging"
+            )
+    return expected
+
+
+async def _exactly_once(fleet: Fleet, expected: set[tuple[str, str]]) -> None:
+    rep = await audit(fleet.store)
+    assert rep.ok, rep.violations[:20]
+    assert rep.manifests == len(expected)
+    evs = await admin_events(fleet.redis, fleet.settings.fleet.name)
+    counts = Counter((e.dataset, e.job) for e in evs if isinstance(e, Committed))
+    assert set(counts) == expected
+    assert max(counts.values()) == 1
+
+
+@pytest.fixture
+def fleet_overrides(request: pytest.FixtureRequest) -> dict[str, Any]:
+    rate = getattr(request, "param", 0.05)
+    return {"store": {"chaos_fault_rate": rate}}
+
+
+@pytest.mark.parametrize("fleet_overrides", [0.05], indirect=True)
+async def test_storage_faults_keep_exactly_once(fleet: Fleet) -> None:
+    fleet.start("coordinator", "c1")
+    fleet.start("worker", "w1")
+    fleet.start("worker", "w2")
+    await wait_for(lambda: fleet.owners_settled({"w1", "w2"}), timeout=90, what="2 workers")
+    expected = await _run_waves(fleet, waves=2, per_wave=20)
+    await _exactly_once(fleet, expected)
+    # The faults really happened (and were survived): the workers logged them.
+    logs = fleet.names["w1"].output() + fleet.names["w2"].output()
+    assert logs.count("chaos:") >= 3, "no injected store fault reached the workers"
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("fleet_overrides", [0.15], indirect=True)
+async def test_storage_faults_heavy(fleet: Fleet) -> None:
+    fleet.start("coordinator", "c1")
+    for i in (1, 2, 3):
+        fleet.start("worker", f"w{i}")
+    await wait_for(lambda: fleet.owners_settled({"w1", "w2", "w3"}), timeout=120, what="3 workers")
+    expected = await _run_waves(fleet, waves=4, per_wave=50)
+    await _exactly_once(fleet, expected)
+
+
+@pytest.fixture
+def private_redis(redis_factory: Any) -> RedisServer:
+    server: RedisServer = redis_factory(persistent=True)
+    return server
+
+
+@pytest.mark.parametrize("fleet_overrides", [0.0], indirect=True)
+async def test_redis_restart_keeps_exactly_once(fleet: Fleet, private_redis: RedisServer) -> None:
+    fleet.start("coordinator", "c1")
+    fleet.start("worker", "w1")
+    fleet.start("worker", "w2")
+    await wait_for(lambda: fleet.owners_settled({"w1", "w2"}), timeout=90, what="2 workers")
+
+    async def restart(n: int) -> None:
+        if n == 0:
+            private_redis.restart()
+
+    expected = await _run_waves(fleet, waves=2, per_wave=20, between=restart)
+    await _exactly_once(fleet, expected)
+    for p in fleet.procs:
+        assert p.proc.poll() is None, f"{p.name} died across the Redis restart"
+
+
+@pytest.fixture
+def redis_url(request: pytest.FixtureRequest, redis_server: Any) -> str:
+    """The Redis of the fleet: the private, persistent one for the restart test, else the session's."""
+    if "private_redis" in request.fixturenames:
+        server: RedisServer = request.getfixturevalue("private_redis")
+        return server.url
+    import redis as sync_redis
+
+    client = sync_redis.Redis.from_url(redis_server.url)
+    try:
+        client.flushall()
+    finally:
+        client.close()
+    url: str = redis_server.url
+    return url
+
+
