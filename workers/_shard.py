@@ -527,6 +527,10 @@ class ShardRunner:
                     attempts=result.attempts,
                 )
             )
+        elif result.blocked_by == result.job:
+            # This very sequence was quarantined before (a replay after a
+            # restart): it stays quarantined, and was announced back then.
+            status = "quarantined"
         else:
             status = "blocked"
             reason = f"blocked by quarantined job {result.blocked_by}: {reason}"
