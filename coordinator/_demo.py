@@ -43,6 +43,20 @@ DATASETS = ("orders", "customers", "clicks")
 FAILED_DATASET = "refunds"
 PARTITIONS = 4
 
+# Spark's log for the demo: errors only, one line each. With Spark's default
+# profile the injected task failure prints two full Java + Python stack traces;
+# a real failure still shows in full as the driver's exception.
+_LOG4J2 = """\
+rootLogger.level = error
+rootLogger.appenderRef.console.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n
+appender.console.layout.alwaysWriteExceptions = false
+"""
+
 
 def _settings(redis_url: str, root: Path) -> Settings:
     return load_settings(
@@ -114,7 +128,11 @@ def _spark_jobs(settings: Settings, console: Console, tmp: Path) -> tuple[str, s
     config = ProducerConfig.from_settings(settings, app="demo")
     console.rule("[bold]Spark")
     console.print("starting a local Spark session (local[2,2]: task retries on) ...")
-    spark = local_spark_session("commitfleet-demo", master="local[2,2]", tmp_dir=tmp)
+    log_conf = tmp / "log4j2.properties"
+    log_conf.write_text(_LOG4J2)
+    # defaultJavaOptions, not extraJavaOptions: the session's own JVM options stay.
+    quiet = {"spark.driver.defaultJavaOptions": f"-Dlog4j2.configurationFile={log_conf.as_uri()}"}
+    spark = local_spark_session("commitfleet-demo", master="local[2,2]", extra_conf=quiet, tmp_dir=tmp)
     try:
         df = spark.range(0, 4000, numPartitions=PARTITIONS).withColumn("amount", (F.col("id") % 97) * 1.5)
         console.print(

@@ -1,0 +1,154 @@
+"""``commitfleet demo`` as a user runs it: a subprocess, its own throwaway Redis, real Spark.
+
+The demo runs with an environment that has no ``REDIS_URL`` and no
+``COMMITFLEET_*`` (so it starts its own redis-server), ``TMPDIR`` inside the
+test's folder (its work folder lands there) and a marker variable of its own.
+Every process the demo starts inherits that environment (the fleet processes
+drop only ``COMMITFLEET_*`` and ``REDIS_URL``), so the marker finds the
+demo's coordinator, workers, Spark JVM and Python workers in ``/proc``;
+redis-server (which overwrites its environment) is found by its working
+folder. The probe runs while the demo runs (proving it sees them) and after
+it exited (there must be none left).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests._support.wait import wait_for_sync
+
+DEMO_DEADLINE = 300.0
+MARKER_VAR = "CF_E2E_DEMO_MARKER"  # not COMMITFLEET_*: the fleet processes must inherit it
+# After the demo exits its fleet processes and redis-server must already be gone (it
+# waits for them); the Spark JVM notices its parent's exit on its own, within seconds.
+JVM_GRACE = 20.0
+
+
+def marked_processes(marker: str, path: Path) -> dict[int, str]:
+    """Return pid -> command line of every live process of the demo.
+
+    A process is the demo's when its environment carries ``marker``, its
+    command line names ``path``, or its working folder is inside ``path``
+    (redis-server overwrites its environment and command line with its
+    process title, but runs in the ``--dir`` it was given: the demo's work
+    folder). Zombies are not counted (they no longer run), nor processes we
+    may not read.
+    """
+    needle = f"{MARKER_VAR}={marker}".encode()
+    named = str(path)
+    found: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            env = (entry / "environ").read_bytes()
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+            cwd = os.readlink(entry / "cwd")
+        except OSError:  # exited meanwhile, or another user's
+            continue
+        if stat.rpartition(")")[2].split()[0] == "Z":
+            continue
+        if needle in env.split(b"\0") or named in cmd or cwd.startswith(named):
+            found[int(entry.name)] = cmd
+    return found
+
+
+def redis_answers(port: int) -> bool:
+    """Return True when something on 127.0.0.1:``port`` answers PING."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1.0) as c:
+            c.sendall(b"PING\r\n")
+            return c.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+def kill_all(procs: dict[int, str]) -> None:
+    """SIGKILL the given processes (all descendants of the demo this test started), by pid."""
+    for pid in procs:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def is_fleet_or_redis(cmdline: str) -> bool:
+    return "redis-server" in cmdline or "-m coordinator" in cmdline
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="finds the demo's processes through /proc")
+@pytest.mark.timeout(DEMO_DEADLINE + 60)
+def test_demo_passes_and_leaves_no_process_behind(tmp_path: Path) -> None:
+    marker = secrets.token_hex(8)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    root = tmp_path / "store"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COMMITFLEET_") and k != "REDIS_URL"}
+    env.update({MARKER_VAR: marker, "TMPDIR": str(tmp), "COLUMNS": "200", "PYTHONUNBUFFERED": "1"})
+    out_path = tmp_path / "demo.out"
+    seen: dict[int, str] = {}
+    started = time.monotonic()
+    with open(out_path, "wb") as out:
+        demo = subprocess.Popen(
+            [sys.executable, "-m", "coordinator", "demo", "--root", str(root)],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=tmp_path,
+        )
+    try:
+        while True:
+            seen |= marked_processes(marker, tmp_path)
+            try:
+                code = demo.wait(timeout=0.5)
+                break
+            except subprocess.TimeoutExpired:
+                if time.monotonic() - started > DEMO_DEADLINE:
+                    pytest.fail(f"the demo did not end within {DEMO_DEADLINE:.0f}s")
+        elapsed = time.monotonic() - started
+        left_at_exit = marked_processes(marker, tmp_path)
+        output = out_path.read_text(errors="replace")
+        sys.stderr.write(f"[figure] demo ran {elapsed:.1f}s, exit code {code}\n")
+
+        assert code == 0, output[-6000:]
+        assert "demo passed" in output, output[-6000:]
+
+        port = re.search(r"redis redis://127\.0\.0\.1:(\d+)/0", output)
+        assert port, "the demo names the Redis it started"
+        assert not redis_answers(int(port[1])), "the demo's redis-server still answers"
+
+        # The probe works: it saw the demo's redis-server, coordinator, both workers and the JVM.
+        cmds = list(seen.values())
+        assert any("redis-server" in c for c in cmds), cmds
+        assert any("coordinator coordinator" in c for c in cmds), cmds
+        assert sum("coordinator worker" in c for c in cmds) == 2, cmds
+        assert any("java" in c and "SparkSubmit" in c for c in cmds), cmds
+
+        # Cleanup: fleet processes and redis-server were stopped before the demo returned...
+        assert not {p: c for p, c in left_at_exit.items() if is_fleet_or_redis(c)}
+        # ... and nothing else it started outlives it (the JVM exits once its parent has).
+        wait_for_sync(
+            lambda: not marked_processes(marker, tmp_path),
+            timeout=JVM_GRACE,
+            interval=0.2,
+            what="every process of the demo to exit",
+        )
+        # Its work folder (config, logs, Spark scratch) is gone too; the store root stays.
+        assert [p.name for p in tmp.iterdir() if p.name.startswith("commitfleet-")] == []
+        assert any((root / "orders" / "_commits").iterdir())
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait(10)
+        kill_all(marked_processes(marker, tmp_path))
