@@ -47,7 +47,7 @@ from shared.events import (
     staging_prefix,
 )
 from shared.fleet import FleetRegistry
-from shared.queue import Keys, ensure_fleet_sync
+from shared.queue import Keys, ensure_fleet_sync, shard_of
 from shared.spark import ProducerConfig, TaskResult, commit_job, max_watermark
 from shared.storage import ObjectStore, open_store
 from tests._support.redis_server import RedisHandle
@@ -366,24 +366,32 @@ async def test_job_raising_in_the_driver_after_a_write_is_rolled_back(
 async def test_job_cancelled_from_another_thread_during_an_action_is_rolled_back(
     spark: Any, fleet: E2EFleet, r: redis.asyncio.Redis, store: ObjectStore
 ) -> None:
-    def slow(task: int, table: pa.Table) -> dict[str, int]:
-        time.sleep(120)  # far longer than the test allows: only the cancel ends it in time
+    def slow_task_1(task: int, table: pa.Table) -> dict[str, int]:
+        if task == 1:
+            time.sleep(120)  # far longer than the test allows: only the cancel ends it in time
         return {}
 
     sc = spark.sparkContext
+    limits = ValidationLimits.from_settings(fleet.settings.security)
 
-    def cancel_when_running(job: Any) -> None:
-        wait_for_sync(
-            lambda: (
-                any(
-                    (info := sc.statusTracker().getJobInfo(j)) is not None and info.status == "RUNNING"
-                    for j in sc.statusTracker().getJobIdsForGroup(job.job_id)
-                )
-                and sc.statusTracker().getActiveStageIds()
-            ),
-            timeout=60,
-            what="the slow action to run",
-        )
+    def reported(client: redis.Redis, job: str, dataset: str) -> set[int]:
+        stream = fleet.keys.events(shard_of(dataset, SHARDS))
+        evs = (decode_entry(fields, limits=limits) for _id, fields in client.xrange(stream))
+        return {e.task for e in evs if isinstance(e, TaskFinished) and (e.job, e.dataset) == (job, dataset)}
+
+    def cancel_mid_action(job: Any) -> None:
+        # Task 0 of 'slow' has staged and reported its file, task 1 still runs: cancel now.
+        client = redis.Redis.from_url(fleet.settings.redis.url)
+        try:
+            wait_for_sync(
+                lambda: (
+                    reported(client, job.job_id, "slow") == {0} and sc.statusTracker().getActiveStageIds()
+                ),
+                timeout=60,
+                what="task 0 of the slow action to report while task 1 runs",
+            )
+        finally:
+            client.close()
         job.cancel("operator asked")
 
     df = spark.range(0, 40, numPartitions=2)
@@ -395,22 +403,31 @@ async def test_job_cancelled_from_another_thread_during_an_action_is_rolled_back
         with commit_job(spark, datasets=["quick", "slow"], config=fleet.producer) as job:
             job_id = job.job_id
             job.write_dataset(df, "quick")
-            staged = await keys_under(store, staging_prefix(job_id, "quick"))
-            canceller = threading.Thread(target=cancel_when_running, args=(job,))
+            canceller = threading.Thread(target=cancel_mid_action, args=(job,))
             canceller.start()
             try:
-                job.write_dataset(df, "slow", watermarks=slow)
+                job.write_dataset(df, "slow", watermarks=slow_task_1)
             finally:
                 canceller.join()
+                staged = await keys_under(store, f"_staging/{job_id}/")
 
+    cancel_started = time.monotonic()
     with pytest.raises(Exception, match=r"(?i)cancel"):  # Spark's own exception type
         await run()
-    assert len(staged) == 2, staged
+    sys.stderr.write(
+        f"[figure] cancelled job: action ended {time.monotonic() - cancel_started:.1f}s after start\n"
+    )
+    # Something for the fleet to roll back: both tasks of 'quick', task 0 of 'slow'.
+    assert sorted(staged) == sorted(
+        [staged_key(job_id, "quick", t, 0, "part-0.parquet") for t in (0, 1)]
+        + [staged_key(job_id, "slow", 0, 0, "part-0.parquet")]
+    )
 
-    # The slow tasks were interrupted, not awaited: they never staged or reported anything.
+    # Task 1 of 'slow' was interrupted, not awaited: it never staged or reported anything.
     wait_for_sync(lambda: not sc.statusTracker().getActiveStageIds(), timeout=15, what="stages to stop")
     events = await events_of(r, fleet, job_id)
-    assert {e.dataset for e in events if isinstance(e, TaskFinished)} == {"quick"}
+    tasks = sorted((e.dataset, e.task) for e in events if isinstance(e, TaskFinished))
+    assert tasks == [("quick", 0), ("quick", 1), ("slow", 0)]
     cancelled = [e for e in events if isinstance(e, JobCancelled)]
     assert cancelled and all(e.reason == "operator asked" for e in cancelled)
     assert sorted(d for e in cancelled for d in e.datasets) == ["quick", "slow"]
@@ -418,6 +435,7 @@ async def test_job_cancelled_from_another_thread_during_an_action_is_rolled_back
 
     evs = await wait_rolled_back(r, store, fleet, job_id, ["quick", "slow"])
     assert all(e.reason == "cancelled: operator asked" for e in evs)
+    assert {e.dataset: e.files_deleted for e in evs} == {"quick": 2, "slow": 1}
+    assert {e.worker for e in evs} <= WORKERS
     report = await audit(store, ended_jobs=[job_id])
     assert report.ok, report.violations
-    assert {e.worker for e in evs} <= WORKERS
