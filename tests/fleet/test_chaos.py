@@ -125,5 +125,3 @@ def redis_url(request: pytest.FixtureRequest, redis_server: Any) -> str:
         client.close()
     url: str = redis_server.url
     return url
-
-
