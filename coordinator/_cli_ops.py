@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import redis.asyncio
 from rich.console import Console
 
-from shared import BadInput, ConfigError, Settings
+from shared import BadInput, ConfigError, OutcomeUnknown, Settings, TransientError
 from shared.commit import AuditReport, audit, list_unfinished
 from shared.events import AdminEvent, OperatorAction, check_dataset_segment, check_job, encode_admin
+from shared.locks import run_shielded
 from shared.queue import Keys, connect, follow_admin, read_admin_range, redis_errors, shard_of
 from shared.storage import open_store
 
@@ -21,6 +23,7 @@ from ._http import event_matches
 from ._status import fleet_status
 
 console = Console()
+T = TypeVar("T")
 
 
 @asynccontextmanager
@@ -30,6 +33,40 @@ async def _redis(s: Settings) -> AsyncIterator[redis.asyncio.Redis]:
         yield r
     finally:
         await r.aclose()
+
+
+async def _cancel_until_done(task: asyncio.Task[Any]) -> None:
+    # A cancellation can get lost on Python 3.11: redis-py sends every command
+    # through asyncio.wait_for (a socket timeout is set), and 3.11's wait_for
+    # drops a cancellation that lands just as the send completes; the task then
+    # goes on reading. So cancel again until the task has really ended.
+    while not task.done():
+        task.cancel()
+        await asyncio.wait([task], timeout=0.2)
+
+
+async def _stoppable(coro: Coroutine[Any, Any, T], *, limit_s: float | None = None) -> T:
+    """Run ``coro`` in a child task that surely ends when we are cancelled (Ctrl-C) or time out.
+
+    Returns:
+        What ``coro`` returned.
+
+    Raises:
+        TimeoutError: ``limit_s`` seconds passed first (the child has ended).
+        Whatever ``coro`` raised.
+
+    Cancelled: the child is cancelled (again, until it has ended), then the
+    cancellation propagates.
+    """
+    task = asyncio.ensure_future(coro)
+    try:
+        done, _ = await asyncio.wait([task], timeout=limit_s)
+    finally:
+        if not task.done():
+            await run_shielded(_cancel_until_done(task))
+    if not done:
+        raise TimeoutError
+    return task.result()
 
 
 async def get_status(s: Settings) -> dict[str, Any]:
@@ -84,9 +121,13 @@ async def print_events(
                 start = rows[0][0]
         if not follow:
             return
-        async for entry_id, ev in follow_admin(r, keys, from_id=start, block_ms=1000):
-            if event_matches(ev, types=types, dataset=dataset, job=job):
-                print(_line(entry_id, ev, as_json), flush=True)
+
+        async def follow_new() -> None:
+            async for entry_id, ev in follow_admin(r, keys, from_id=start, block_ms=1000):
+                if event_matches(ev, types=types, dataset=dataset, job=job):
+                    print(_line(entry_id, ev, as_json), flush=True)
+
+        await _stoppable(follow_new())
 
 
 async def operator_request(s: Settings, dataset: str, job: str, op: str, *, wait_s: float) -> str:
@@ -100,7 +141,8 @@ async def operator_request(s: Settings, dataset: str, job: str, op: str, *, wait
 
     Raises:
         ConfigError: bad dataset or job name, or no such quarantined sequence.
-        TimeoutError: the owner did not act within ``wait_s`` (is a worker running?).
+        OutcomeUnknown: no owner acted within ``wait_s`` (is a worker running?); the
+            request stays queued for the owner.
     """
     try:
         check_dataset_segment(dataset)
@@ -120,13 +162,20 @@ async def operator_request(s: Settings, dataset: str, job: str, op: str, *, wait
         start: bytes = newest[0][0] if newest else b"0-0"
         with redis_errors("HSET operator request"):
             await r.hset(keys.shard_state(shard, "operator"), f"{dataset}/{job}", op)
-        deadline = time.monotonic() + wait_s
-        async for _id, ev in follow_admin(r, keys, from_id=start, block_ms=500):
-            if isinstance(ev, OperatorAction) and ev.dataset == dataset and ev.job == job:
-                return f"{op} of {dataset} / {job} done by {ev.worker}"
-            if time.monotonic() > deadline:
-                break
-        raise TimeoutError(f"no worker acted on the {op} request within {wait_s}s (is a worker running?)")
+
+        async def acted() -> str:
+            async for _id, ev in follow_admin(r, keys, from_id=start, block_ms=500):
+                if isinstance(ev, OperatorAction) and ev.dataset == dataset and ev.job == job:
+                    return f"{op} of {dataset} / {job} done by {ev.worker}"
+            raise TransientError("the admin stream ended")  # follow_admin never ends
+
+        try:
+            return await _stoppable(acted(), limit_s=wait_s)
+        except TimeoutError:
+            raise OutcomeUnknown(
+                f"no worker acted on the {op} request within {wait_s}s (is a worker running?); "
+                "the request stays queued for the dataset's owner"
+            ) from None
 
 
 async def run_audit(s: Settings, url: str) -> AuditReport:

@@ -497,6 +497,18 @@ async def test_retry_and_skip_quarantined_datasets(fleet: Fleet) -> None:
         ("qb", "j-after"),
     ]
 
+    # With no worker to act, an operator request gives up after --timeout, with one line.
+    stuck_evs, _key, _ = await corrupted_job(fleet.store, "j-stuck", "qc")
+    await fleet.publisher.publish_many(stuck_evs)
+    await wait_admin(fleet, lambda evs: ("qc", "j-stuck") in quarantined(evs), "qc quarantined")
+    assert fleet.names["w1"].terminate(timeout=30) == 0
+    started = time.monotonic()
+    res = await cli("retry", "qc", "j-stuck", "--config", cfg, "--timeout", "1.5")
+    assert res.rc == 1, (res.out, res.err)
+    assert res.err.count("\n") == 1, res.err
+    assert "no worker acted on the retry request within 1.5s" in res.err, res.err
+    assert time.monotonic() - started < 15
+
 
 # -- commands that need no fleet ------------------------------------------------------------------
 
