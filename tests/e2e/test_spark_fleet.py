@@ -263,8 +263,9 @@ async def test_three_datasets_commit_exactly_once_with_a_retried_winner_and_wate
     assert finished["orders"].winners == [0, 1, 0]
 
     async def all_committed() -> bool:
+        # The manifest is written before the staging clean-up and the WAL removal: wait for all three.
         for ds in names:
-            if await read_manifest(store, ds, job_id) is None:
+            if await read_manifest(store, ds, job_id) is None or await keys_under(store, f"_wal/{ds}/"):
                 return False
         return await keys_under(store, f"_staging/{job_id}/") == []
 
