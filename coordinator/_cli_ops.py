@@ -13,8 +13,15 @@ import redis.asyncio
 from rich.console import Console
 
 from shared import BadInput, ConfigError, OutcomeUnknown, Settings, TransientError
-from shared.commit import AuditReport, audit, list_unfinished
-from shared.events import AdminEvent, OperatorAction, check_dataset_segment, check_job, encode_admin
+from shared.commit import AuditReport, CommitStepFailed, audit, list_unfinished
+from shared.events import (
+    AdminEvent,
+    OperatorAction,
+    Quarantined,
+    check_dataset_segment,
+    check_job,
+    encode_admin,
+)
 from shared.locks import run_shielded
 from shared.queue import Keys, connect, follow_admin, read_admin_range, redis_errors, shard_of
 from shared.storage import open_store
@@ -141,6 +148,7 @@ async def operator_request(s: Settings, dataset: str, job: str, op: str, *, wait
 
     Raises:
         ConfigError: bad dataset or job name, or no such quarantined sequence.
+        CommitStepFailed: the owner retried and the sequence was quarantined again.
         OutcomeUnknown: no owner acted within ``wait_s`` (is a worker running?); the
             request stays queued for the owner.
     """
@@ -164,9 +172,21 @@ async def operator_request(s: Settings, dataset: str, job: str, op: str, *, wait
             await r.hset(keys.shard_state(shard, "operator"), f"{dataset}/{job}", op)
 
         async def acted() -> str:
+            again: str | None = None
             async for _id, ev in follow_admin(r, keys, from_id=start, block_ms=500):
-                if isinstance(ev, OperatorAction) and ev.dataset == dataset and ev.job == job:
-                    return f"{op} of {dataset} / {job} done by {ev.worker}"
+                if not (
+                    isinstance(ev, OperatorAction | Quarantined) and ev.dataset == dataset and ev.job == job
+                ):
+                    continue
+                if isinstance(ev, Quarantined):
+                    # The owner reports a failed retry before its operator_action.
+                    again = ev.reason
+                    continue
+                if again is not None:
+                    raise CommitStepFailed(
+                        f"{op} of {dataset} / {job} by {ev.worker}: quarantined again: {again}"
+                    )
+                return f"{op} of {dataset} / {job} done by {ev.worker}"
             raise TransientError("the admin stream ended")  # follow_admin never ends
 
         try:

@@ -72,8 +72,9 @@ class CliResult:
 def cli_env(**extra: str) -> dict[str, str]:
     """Return this process's environment without fleet settings, plus ``extra``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("COMMITFLEET_") and k != "REDIS_URL"}
-    # A wide virtual terminal, so Rich tables do not wrap names.
-    env["COLUMNS"] = "200"
+    # A wide virtual terminal, so Rich wraps neither table cells nor long messages
+    # (see test_error_line_is_not_wrapped_without_a_terminal for the narrow default).
+    env["COLUMNS"] = "1000"
     env.update(extra)
     return env
 
@@ -448,6 +449,12 @@ async def test_retry_and_skip_quarantined_datasets(fleet: Fleet) -> None:
     assert res.rc == 2, (res.out, res.err)
     assert res.err.count("\n") == 1, res.err
 
+    # retry before the cause is fixed: quarantined again, and the command says so.
+    res = await cli("retry", "qa", "j-fix", "--config", cfg)
+    assert res.rc == 1, (res.rc, res.out, res.err)
+    assert res.err.count("\n") == 1 and "quarantined again" in res.err, res.err
+    assert await read_manifest(fleet.store, "qa", "j-fix") is None
+
     # retry after fixing the cause: the dataset commits, exactly once.
     await fleet.store.write(fix_key, fix_bytes)
     res = await cli("retry", "qa", "j-fix", "--config", cfg)
@@ -461,7 +468,7 @@ async def test_retry_and_skip_quarantined_datasets(fleet: Fleet) -> None:
     assert [(e.dataset, e.job) for e in evs if isinstance(e, Committed) and e.dataset == "qa"] == [
         ("qa", "j-fix")
     ]
-    assert [(e.dataset, e.action) for e in evs if isinstance(e, OperatorAction)] == [("qa", "retry")]
+    assert [(e.dataset, e.action) for e in evs if isinstance(e, OperatorAction)] == [("qa", "retry")] * 2
 
     # skip: rolled back, and the job that waited behind it commits.
     res = await cli("skip", "qb", "j-skip", "--config", cfg)
@@ -489,6 +496,7 @@ async def test_retry_and_skip_quarantined_datasets(fleet: Fleet) -> None:
     assert (await clean_audit(fleet.store)).ok
     evs = await admin_events(fleet.redis, fleet.settings.fleet.name)
     assert [(e.dataset, e.action) for e in evs if isinstance(e, OperatorAction)] == [
+        ("qa", "retry"),
         ("qa", "retry"),
         ("qb", "skip"),
     ]
@@ -568,3 +576,16 @@ async def test_bad_setting_stops_with_one_line(
     assert len(lines) == 1, res.err
     assert lines[0].startswith("commitfleet: config error:"), lines
     assert needle in lines[0], lines
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="coordinator/_cli.py prints errors through a Rich Console that hard-wraps at 80 columns "
+    "when stderr is not a terminal (needs soft_wrap=True)",
+)
+async def test_error_line_is_not_wrapped_without_a_terminal(tmp_path: Path) -> None:
+    env = cli_env(COMMITFLEET_CONFIG=str(tmp_path / ("a-rather-long-folder-name" * 3) / "commitfleet.toml"))
+    del env["COLUMNS"]  # as under systemd, cron or a CI log: no terminal, no COLUMNS
+    res = await cli("status", env=env, timeout=30)
+    assert res.rc == 2, (res.rc, res.out, res.err)
+    assert len(res.err.splitlines()) == 1, res.err
