@@ -118,6 +118,14 @@ async def no_staging_left(store: ObjectStore, job: str) -> bool:
     return True
 
 
+async def no_wal_left(store: ObjectStore) -> bool:
+    """Return True when no commit sequence is under way (the manifest is written before
+    the last step, clean-up, and the WAL goes only after it)."""
+    async for _ in store.list("_wal/"):
+        return False
+    return True
+
+
 async def clean_audit(store: ObjectStore) -> AuditReport:
     """Return the audit report (callers assert ``ok``)."""
     return await audit(store)

@@ -17,7 +17,7 @@ from shared.events import Committed
 from tests._support.redis_server import RedisServer
 from tests._support.wait import wait_for
 
-from ._helpers import admin_events, committed, failed_job, good_job, no_staging_left
+from ._helpers import admin_events, committed, failed_job, good_job, no_staging_left, no_wal_left
 from .conftest import Fleet
 
 
@@ -47,6 +47,7 @@ async def _run_waves(fleet: Fleet, waves: int, per_wave: int, *, between: Any = 
 
 
 async def _exactly_once(fleet: Fleet, expected: set[tuple[str, str]]) -> None:
+    await wait_for(lambda: no_wal_left(fleet.store), timeout=120, what="every commit sequence finished")
     rep = await audit(fleet.store)
     assert rep.ok, rep.violations[:20]
     assert rep.manifests == len(expected)

@@ -26,6 +26,7 @@ from ._helpers import (
     fleet_settings,
     good_job,
     no_staging_left,
+    no_wal_left,
 )
 
 
@@ -55,6 +56,7 @@ async def test_inprocess_fleet_commits_and_aborts(
                 return n_commit == 6 and n_abort == 3
 
             await wait_for(all_events, timeout=30, what="admin events")
+            await wait_for(lambda: no_wal_left(store), timeout=30, what="every commit sequence finished")
             report = await clean_audit(store)
             assert report.ok, report.violations
             assert report.manifests == 6

@@ -29,7 +29,7 @@ from shared.events import (
 from shared.queue import shard_of
 from tests._support.wait import wait_for
 
-from ._helpers import admin_events, committed, failed_job, good_job, no_staging_left, stage_task
+from ._helpers import admin_events, committed, failed_job, good_job, no_staging_left, no_wal_left, stage_task
 from .conftest import Fleet
 
 
@@ -58,6 +58,7 @@ async def commit_counts(fleet: Fleet) -> Counter[tuple[str, str]]:
 
 
 async def assert_exactly_once(fleet: Fleet, expected_commits: set[tuple[str, str]]) -> None:
+    await wait_for(lambda: no_wal_left(fleet.store), timeout=60, what="every commit sequence finished")
     rep = await audit(fleet.store)
     assert rep.ok, rep.violations[:20]
     counts = await commit_counts(fleet)
@@ -164,6 +165,7 @@ async def test_sigkill_worker_mid_commit(fleet: Fleet) -> None:
     )
     await wait_for(lambda: committed(fleet.store, datasets, "killjob"), timeout=60, what="all commits")
     await wait_for(lambda: no_staging_left(fleet.store, "killjob"), timeout=60, what="no staging left")
+    await wait_for(lambda: no_wal_left(fleet.store), timeout=60, what="every commit sequence finished")
     rep = await audit(fleet.store)
     assert rep.ok, rep.violations[:20]
     assert rep.manifests == len(datasets)
@@ -207,6 +209,7 @@ async def test_sigstop_worker_is_fenced(fleet: Fleet) -> None:
     await wait_for(lambda: committed(fleet.store, more, "after"), timeout=120, what="post-resume commits")
     for job in ("frozen", "after"):
         await wait_for(lambda job=job: no_staging_left(fleet.store, job), timeout=60, what=f"{job} cleanup")
+    await wait_for(lambda: no_wal_left(fleet.store), timeout=60, what="every commit sequence finished")
     rep = await audit(fleet.store)
     assert rep.ok, rep.violations[:20]
     counts = await commit_counts(fleet)

@@ -46,6 +46,10 @@ def _task(dataset: str, **changes: Any) -> dict[str, Any]:
     return doc
 
 
+async def _equals(value: Any, expected: int) -> bool:
+    return bool(await value == expected)
+
+
 async def test_hostile_messages_are_dead_lettered(fleet: Fleet, tmp_path: Path) -> None:
     fleet.start("coordinator", "c1")
     fleet.start("worker", "w1")
@@ -99,8 +103,15 @@ async def test_hostile_messages_are_dead_lettered(fleet: Fleet, tmp_path: Path) 
         )
 
     await wait_for(replay_dead, timeout=60, what="replayed start dead-lettered")
-    evs = await admin_events(fleet.redis, fleet.settings.fleet.name)
-    assert sum(isinstance(e, MessageRejected) for e in evs) == len(hostile) + 1
+
+    async def rejected_events() -> int:
+        evs = await admin_events(fleet.redis, fleet.settings.fleet.name)
+        return sum(isinstance(e, MessageRejected) for e in evs)
+
+    # The admin event follows the dead letter: wait for it, then check there is no extra one.
+    await wait_for(
+        lambda: _equals(rejected_events(), len(hostile) + 1), timeout=30, what="message_rejected events"
+    )
     assert fleet.names["w1"].proc.poll() is None, "the worker crashed"
     # Nothing outside the store root, nothing in the store outside its areas.
     assert not escape.exists()
