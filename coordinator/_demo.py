@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
 from shared import Settings, load_settings
@@ -117,7 +118,12 @@ async def _fleet_ready(settings: Settings) -> bool:
     finally:
         await r.aclose()
     rows = doc["shard_table"]
-    return len(doc["workers"]) == 2 and all(row["owner"] and not row["moving_to"] for row in rows)
+    # Settled: both workers own shards and nothing is moving.
+    return (
+        len(doc["workers"]) == 2
+        and all(w["shards"] for w in doc["workers"])
+        and all(row["owner"] and not row["moving_to"] for row in rows)
+    )
 
 
 def _spark_jobs(settings: Settings, console: Console, tmp: Path) -> tuple[str, str]:
@@ -161,17 +167,27 @@ def _spark_jobs(settings: Settings, console: Console, tmp: Path) -> tuple[str, s
 
 async def _verify(settings: Settings, good: str, bad: str, printer: _EventPrinter, console: Console) -> bool:
     async with open_store(settings.store.url, settings.store) as store:
-
-        async def done() -> bool:
-            for ds in DATASETS:
-                if await read_manifest(store, ds, good) is None:
-                    return False
-            async for _ in store.list("_staging/"):
-                return False
-            return True
-
         console.rule("[bold]Fleet")
-        await _wait(done, printer, 120, "the commits and the rollback")
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            console=console,
+            transient=True,
+        ) as progress:
+            bar = progress.add_task("commits, rollback, clean-up", total=len(DATASETS) + 2)
+
+            async def done() -> bool:
+                steps = 0
+                for ds in DATASETS:
+                    steps += await read_manifest(store, ds, good) is not None
+                steps += not [i async for i in store.list("_staging/")]
+                # The manifest is written before the last step: wait for the WAL to go too.
+                steps += not [i async for i in store.list("_wal/")]
+                progress.update(bar, completed=steps)
+                return steps == len(DATASETS) + 2
+
+            await _wait(done, printer, 120, "the commits and the rollback")
         report = await audit(store)
         table = Table("dataset", "job", "files", "bytes", "watermark id", "exactly once", title="Audit")
         ok = report.ok
