@@ -517,6 +517,10 @@ class ShardRunner:
         elif result.status == "quarantined":
             status = "quarantined"
             ctx.counters.add("quarantined")
+            log.error(
+                "commit sequence quarantined: the dataset waits for an operator (retry or skip)",
+                extra=kv(dataset=result.dataset, job=result.job, reason=reason),
+            )
             await ctx.emit(
                 Quarantined(
                     at=time.time(),
@@ -534,6 +538,7 @@ class ShardRunner:
         else:
             status = "blocked"
             reason = f"blocked by quarantined job {result.blocked_by}: {reason}"
+            log.warning("commit blocked", extra=kv(dataset=result.dataset, job=result.job, reason=reason))
         if result.recovered:
             await ctx.emit(
                 RecoveryDone(

@@ -25,6 +25,7 @@ import logging
 import os
 import socket
 import time
+from typing import Any
 
 from shared import CommitfleetError, Fenced, Settings, TransientError
 from shared._logging import kv
@@ -223,8 +224,29 @@ async def run_worker(settings: Settings, *, worker_id: str | None = None) -> Non
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, worker.shutdown)
+    loop.add_signal_handler(signal.SIGUSR1, dump_tasks)
     try:
         await worker.run()
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
             loop.remove_signal_handler(sig)
+
+
+def dump_tasks() -> None:
+    """Write every asyncio task's stack to stderr (on SIGUSR1: what is a stuck process waiting for?)."""
+    import sys
+
+    tasks = asyncio.all_tasks()
+    lines = [f"--- {len(tasks)} asyncio tasks ---"]
+    for task in tasks:
+        lines.append(f"task {task.get_name()}:")
+        coro: Any = task.get_coro()
+        while coro is not None:
+            frame = getattr(coro, "cr_frame", None) or getattr(coro, "ag_frame", None)
+            if frame is not None:
+                lines.append(f"    {frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}")
+            coro = getattr(coro, "cr_await", None) or getattr(coro, "ag_await", None)
+        if coro is None and lines[-1].startswith("task "):
+            lines.append("    (not started or finished)")
+    sys.stderr.write("\n".join(lines) + "\n")
+    sys.stderr.flush()
