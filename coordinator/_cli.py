@@ -34,7 +34,9 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 out = Console()
-err = Console(stderr=True)
+# soft_wrap: without a terminal Rich would break an error line at 80 columns,
+# and a bad setting must stay one line.
+err = Console(stderr=True, soft_wrap=True)
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="TOML config file.")]
 

@@ -182,6 +182,8 @@ async def operator_request(s: Settings, dataset: str, job: str, op: str, *, wait
                     # The owner reports a failed retry before its operator_action.
                     again = ev.reason
                     continue
+                if ev.outcome == "refused":
+                    raise ConfigError(f"{op} of {dataset} / {job} refused by {ev.worker}: {ev.detail}")
                 if again is not None:
                     raise CommitStepFailed(
                         f"{op} of {dataset} / {job} by {ev.worker}: quarantined again: {again}"

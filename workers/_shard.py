@@ -38,10 +38,12 @@ from typing import Literal
 import msgspec
 
 from shared import (
+    BadInput,
     CommitfleetError,
     Fenced,
     LockLost,
     LockTimeout,
+    NotFound,
     OutcomeUnknown,
     TransientError,
 )
@@ -49,6 +51,7 @@ from shared._logging import kv
 from shared.commit import (
     CommitRequest,
     CommitResult,
+    CommitStepFailed,
     WinningAttempt,
     abort_dataset,
     cleanup_staged_attempt,
@@ -620,7 +623,25 @@ class ShardRunner:
             )
 
         if work.op in ("retry", "skip"):
-            await self._locked(work.dataset, body)
+            try:
+                await self._locked(work.dataset, body)
+            except (BadInput, NotFound, CommitStepFailed) as exc:
+                # The request cannot apply (and never will): say so once, drop it.
+                log.warning(
+                    "operator request refused",
+                    extra=kv(op=work.op, dataset=work.dataset, job=work.job, reason=str(exc)),
+                )
+                await ctx.emit(
+                    OperatorAction(
+                        at=time.time(),
+                        worker=ctx.worker_id,
+                        dataset=work.dataset,
+                        job=work.job,
+                        action="retry" if work.op == "retry" else "skip",
+                        outcome="refused",
+                        detail=str(exc)[:500],
+                    )
+                )
         else:
             log.error("unknown operator request", extra=kv(op=work.op, dataset=work.dataset))
         with redis_errors("HDEL operator request"):

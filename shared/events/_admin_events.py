@@ -117,10 +117,18 @@ class JobTimedOut(_AdminEvent, frozen=True, kw_only=True, tag="job_timed_out"):
 
 
 class OperatorAction(_DatasetEvent, frozen=True, kw_only=True, tag="operator_action"):
-    """An operator asked to ``retry`` or ``skip`` a quarantined dataset."""
+    """An operator asked to ``retry`` or ``skip`` a quarantined dataset, and what came of it.
+
+    ``outcome`` is ``done`` (the action ran; a retry that failed again is also
+    reported by a ``quarantined`` event just before), or ``refused`` when the
+    action cannot apply (no such sequence, not quarantined, a skip that would
+    move watermarks back); ``detail`` says why.
+    """
 
     action: Literal["retry", "skip"]
     operator: str = ""
+    outcome: Literal["done", "refused"] = "done"
+    detail: str = ""
 
 
 AdminEvent = (

@@ -578,14 +578,36 @@ async def test_bad_setting_stops_with_one_line(
     assert needle in lines[0], lines
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="coordinator/_cli.py prints errors through a Rich Console that hard-wraps at 80 columns "
-    "when stderr is not a terminal (needs soft_wrap=True)",
-)
 async def test_error_line_is_not_wrapped_without_a_terminal(tmp_path: Path) -> None:
     env = cli_env(COMMITFLEET_CONFIG=str(tmp_path / ("a-rather-long-folder-name" * 3) / "commitfleet.toml"))
     del env["COLUMNS"]  # as under systemd, cron or a CI log: no terminal, no COLUMNS
     res = await cli("status", env=env, timeout=30)
     assert res.rc == 2, (res.rc, res.out, res.err)
     assert len(res.err.splitlines()) == 1, res.err
+
+
+async def test_operator_request_that_cannot_apply_is_refused_once(fleet: Fleet) -> None:
+    """A retry for a sequence that does not exist is refused, reported and dropped (not retried forever)."""
+    fleet.start("coordinator", "c1")
+    fleet.start("worker", "w1")
+    await wait_for(lambda: fleet.owners_settled({"w1"}), timeout=60, what="w1 owns all")
+    from shared.queue import shard_of
+
+    shard = shard_of("ghost", fleet.settings.fleet.shards)
+    key = fleet.keys.shard_state(shard, "operator")
+    # What the CLI would send, for a sequence that is not there (the CLI itself refuses earlier).
+    await fleet.redis.hset(key, "ghost/no-such-job", "retry")
+
+    async def refused() -> list[OperatorAction]:
+        evs = await admin_events(fleet.redis, fleet.settings.fleet.name)
+        return [e for e in evs if isinstance(e, OperatorAction) and e.dataset == "ghost"]
+
+    (ev,) = await wait_for(refused, timeout=30, what="refused operator_action")
+    assert (ev.action, ev.outcome, ev.job) == ("retry", "refused", "no-such-job")
+    assert ev.detail
+    await wait_for(lambda: _gone(fleet, key), timeout=30, what="request dropped")
+    assert len(await refused()) == 1
+
+
+async def _gone(fleet: Fleet, key: str) -> bool:
+    return not await fleet.redis.hlen(key)
