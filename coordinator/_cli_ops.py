@@ -13,6 +13,7 @@ import redis.asyncio
 from rich.console import Console
 
 from shared import BadInput, ConfigError, OutcomeUnknown, Settings, TransientError
+from shared._aio import cancel_until_done
 from shared.commit import AuditReport, CommitStepFailed, audit, list_unfinished
 from shared.events import (
     AdminEvent,
@@ -42,16 +43,6 @@ async def _redis(s: Settings) -> AsyncIterator[redis.asyncio.Redis]:
         await r.aclose()
 
 
-async def _cancel_until_done(task: asyncio.Task[Any]) -> None:
-    # A cancellation can get lost on Python 3.11: redis-py sends every command
-    # through asyncio.wait_for (a socket timeout is set), and 3.11's wait_for
-    # drops a cancellation that lands just as the send completes; the task then
-    # goes on reading. So cancel again until the task has really ended.
-    while not task.done():
-        task.cancel()
-        await asyncio.wait([task], timeout=0.2)
-
-
 async def _stoppable(coro: Coroutine[Any, Any, T], *, limit_s: float | None = None) -> T:
     """Run ``coro`` in a child task that surely ends when we are cancelled (Ctrl-C) or time out.
 
@@ -70,7 +61,7 @@ async def _stoppable(coro: Coroutine[Any, Any, T], *, limit_s: float | None = No
         done, _ = await asyncio.wait([task], timeout=limit_s)
     finally:
         if not task.done():
-            await run_shielded(_cancel_until_done(task))
+            await run_shielded(cancel_until_done(task))
     if not done:
         raise TimeoutError
     return task.result()

@@ -31,6 +31,7 @@ import time
 import redis.asyncio
 
 from shared import LockLost, OutcomeUnknown, Settings, TransientError
+from shared._aio import cancel_until_done
 from shared._logging import kv
 from shared.events import ShardsAssigned, WorkerLeft
 from shared.fleet import Assignment, FleetRegistry, moved_count, new_worker_id, rebalance
@@ -95,7 +96,7 @@ class Coordinator:
                     async with asyncio.TaskGroup() as tg:
                         aggregator = tg.create_task(server.follow_admin())
                         await self._campaign(store, registry, admin, r)
-                        aggregator.cancel()
+                        await cancel_until_done(aggregator)
                 finally:
                     await run_shielded(server.stop())
         finally:

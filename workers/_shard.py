@@ -47,6 +47,7 @@ from shared import (
     OutcomeUnknown,
     TransientError,
 )
+from shared._aio import cancel_until_done
 from shared._logging import kv
 from shared.commit import (
     CommitRequest,
@@ -192,8 +193,8 @@ class ShardRunner:
             return
         log.info("draining shard", extra=kv(shard=self.shard, in_flight=len(pending)))
         _done, late = await asyncio.wait(pending, timeout=self.ctx.settings.worker.drain_grace)
-        for t in late:
-            t.cancel()
+        # Each releases its lock on the way out; its WAL stays for the next owner.
+        await asyncio.gather(*(cancel_until_done(t) for t in late))
 
     async def _session(self) -> None:
         ctx = self.ctx

@@ -28,6 +28,7 @@ import time
 from typing import Any
 
 from shared import CommitfleetError, Fenced, Settings, TransientError
+from shared._aio import cancel_until_done
 from shared._logging import kv
 from shared.events import ValidationLimits, WorkerJoined, WorkerLeft
 from shared.fleet import FleetRegistry, new_worker_id, worker_info
@@ -114,7 +115,7 @@ class Worker:
                         await self._follow(ctx, tg)
                         # Phases 1-3: stop intake, drain, hand back.
                         await self._stop_all(ctx)
-                        beat.cancel()
+                        await cancel_until_done(beat)
                 finally:
                     # Phase 4, shielded: a cancelled worker still leaves cleanly.
                     await run_shielded(self._leave(ctx))
