@@ -45,7 +45,7 @@ from .._errors import (
     TransientError,
 )
 from .._settings import StoreSettings
-from ._port import ObjectData, ObjectInfo, StoreLifecycle, check_key, check_prefix
+from ._port import ObjectData, ObjectInfo, PrefixedStore, check_key, check_prefix
 
 # What a request was doing when it failed; "cond" is a conditional write.
 Op = Literal["read", "write", "cond", "delete", "copy", "list"]
@@ -121,7 +121,7 @@ def connection_kwargs(settings: StoreSettings, env: dict[str, str] | os._Environ
     return {"account_url": url, "credential": None}  # a SAS token in the URL, or public access
 
 
-class AzureStore(StoreLifecycle):
+class AzureStore(PrefixedStore):
     """An :class:`~shared.storage.ObjectStore` on an Azure Blob container (or Azurite)."""
 
     def __init__(self, container: str, prefix: str, settings: StoreSettings, *, url: str) -> None:
@@ -131,19 +131,11 @@ class AzureStore(StoreLifecycle):
             BadInput: ``prefix`` is not a safe key prefix.
             ConfigError: no credentials configured (see module docstring).
         """
-        if prefix:
-            check_key(prefix)
+        super().__init__(prefix, settings, url)
         self._container_name = container
-        self._root = f"{prefix}/" if prefix else ""
-        self._settings = settings
-        self._url = url
         self._how = connection_kwargs(settings, os.environ)
         self._service: Any = None
         self._container: Any = None
-
-    @property
-    def url(self) -> str:
-        return self._url
 
     def _cc(self) -> Any:
         if self._container is None:
@@ -169,9 +161,6 @@ class AzureStore(StoreLifecycle):
             self._service = svc
             self._container = svc.get_container_client(self._container_name)
         return self._container
-
-    def _full(self, key: str) -> str:
-        return self._root + check_key(key)
 
     async def read(self, key: str) -> ObjectData:
         full = self._full(key)

@@ -35,7 +35,7 @@ from .._errors import (
     TransientError,
 )
 from .._settings import StoreSettings
-from ._port import ObjectData, ObjectInfo, StoreLifecycle, check_key, check_prefix
+from ._port import ObjectData, ObjectInfo, PrefixedStore, check_key, check_prefix
 
 # What a request was doing when it failed; "cond" is a conditional write.
 Op = Literal["read", "write", "cond", "delete", "copy", "list"]
@@ -93,7 +93,7 @@ def _info(key: str, meta: dict[str, Any]) -> ObjectInfo:
     )
 
 
-class GcsStore(StoreLifecycle):
+class GcsStore(PrefixedStore):
     """An :class:`~shared.storage.ObjectStore` on a GCS bucket (or fake-gcs-server)."""
 
     def __init__(self, bucket: str, prefix: str, settings: StoreSettings, *, url: str) -> None:
@@ -102,19 +102,11 @@ class GcsStore(StoreLifecycle):
         Raises:
             BadInput: ``prefix`` is not a safe key prefix.
         """
-        if prefix:
-            check_key(prefix)
+        super().__init__(prefix, settings, url)
         self._bucket = bucket
-        self._root = f"{prefix}/" if prefix else ""
-        self._settings = settings
-        self._url = url
         self._timeout = settings.request_timeout
         self._session: aiohttp.ClientSession | None = None
         self._storage: Any = None
-
-    @property
-    def url(self) -> str:
-        return self._url
 
     def _client(self) -> Any:
         if self._storage is None:
@@ -127,9 +119,6 @@ class GcsStore(StoreLifecycle):
             except (ValueError, OSError) as exc:  # unreadable or malformed credentials file
                 raise ConfigError(f"GCS credentials for {self._url}: {exc}") from exc
         return self._storage
-
-    def _full(self, key: str) -> str:
-        return self._root + check_key(key)
 
     async def read(self, key: str) -> ObjectData:
         full = self._full(key)

@@ -19,6 +19,7 @@ from types import TracebackType
 from typing import Protocol, Self, runtime_checkable
 
 from .._errors import BadInput
+from .._settings import StoreSettings
 
 # Keys never start with this segment: the local adapter keeps its own
 # bookkeeping (temp files, lock stripes) there.
@@ -185,3 +186,27 @@ class StoreLifecycle:
         tb: TracebackType | None,
     ) -> None:
         await self.close()
+
+
+class PrefixedStore(StoreLifecycle):
+    """What the bucket adapters share: a root prefix inside the bucket, and the root URL.
+
+    Raises (at construction):
+        BadInput: ``prefix`` is not a safe key prefix.
+    """
+
+    def __init__(self, prefix: str, settings: StoreSettings, url: str) -> None:
+        if prefix:
+            check_key(prefix)
+        self._root = f"{prefix}/" if prefix else ""
+        self._settings = settings
+        self._url = url
+
+    @property
+    def url(self) -> str:
+        """The root URL this store was opened with."""
+        return self._url
+
+    def _full(self, key: str) -> str:
+        """Return the bucket key of the root-relative ``key`` (checked)."""
+        return self._root + check_key(key)

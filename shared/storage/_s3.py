@@ -46,7 +46,7 @@ from .._errors import (
     TransientError,
 )
 from .._settings import StoreSettings
-from ._port import ObjectData, ObjectInfo, StoreLifecycle, check_key, check_prefix
+from ._port import ObjectData, ObjectInfo, PrefixedStore, check_key, check_prefix
 
 # What a request was doing when it failed: decides how an error is read.
 # "cond" is a conditional write, whose outcome matters to the caller.
@@ -136,7 +136,7 @@ def _never_connected(exc: EndpointConnectionError) -> bool:
     return cause is None or isinstance(cause, aiohttp.ClientConnectorError)
 
 
-class S3Store(StoreLifecycle):
+class S3Store(PrefixedStore):
     """An :class:`~shared.storage.ObjectStore` on an S3 bucket (or an S3-compatible service)."""
 
     def __init__(self, bucket: str, prefix: str, settings: StoreSettings, *, url: str) -> None:
@@ -145,19 +145,11 @@ class S3Store(StoreLifecycle):
         Raises:
             BadInput: ``prefix`` is not a safe key prefix.
         """
-        if prefix:
-            check_key(prefix)
+        super().__init__(prefix, settings, url)
         self._bucket = bucket
-        self._root = f"{prefix}/" if prefix else ""
-        self._settings = settings
-        self._url = url
         self._client: Any = None
         self._stack = contextlib.AsyncExitStack()
         self._open_lock = asyncio.Lock()
-
-    @property
-    def url(self) -> str:
-        return self._url
 
     async def _s3(self) -> Any:
         if self._client is not None:
@@ -185,9 +177,6 @@ class S3Store(StoreLifecycle):
                 )
                 self._client = await self._stack.enter_async_context(creator)
         return self._client
-
-    def _full(self, key: str) -> str:
-        return self._root + check_key(key)
 
     def _info(self, key: str, size: int, etag: str) -> ObjectInfo:
         return ObjectInfo(key=key, size=size, version=etag, checksum=md5_from_etag(etag))
