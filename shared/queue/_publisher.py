@@ -70,7 +70,28 @@ def _xadd_args(maxlen: int | None) -> dict[str, Any]:
     return {} if maxlen is None else {"maxlen": maxlen, "approximate": True}
 
 
-class AsyncPublisher:
+class _PublisherBase:
+    """The routing and retry settings both publishers share."""
+
+    def __init__(
+        self,
+        fleet: str,
+        shards: int,
+        secret: bytes | str | None,
+        maxlen: int | None,
+        policy: RetryPolicy | None,
+        on_retry: OnRetry | None,
+    ) -> None:
+        self.keys = Keys(fleet)
+        self.shards = shards
+        self.secret = _secret_bytes(secret)
+        self.maxlen = maxlen
+        self.policy = policy or RetryPolicy()
+        self.on_retry = on_retry
+        self._checked = False
+
+
+class AsyncPublisher(_PublisherBase):
     """Publishes queue events to a fleet's shard streams (asyncio).
 
     ``secret`` turns on HMAC signing (``sig`` field); ``maxlen`` caps each
@@ -92,13 +113,7 @@ class AsyncPublisher:
         on_retry: OnRetry | None = None,
     ) -> None:
         self.redis = redis_client
-        self.keys = Keys(fleet)
-        self.shards = shards
-        self.secret = _secret_bytes(secret)
-        self.maxlen = maxlen
-        self.policy = policy or RetryPolicy()
-        self.on_retry = on_retry
-        self._checked = False
+        super().__init__(fleet, shards, secret, maxlen, policy, on_retry)
 
     async def _check_fleet(self) -> None:
         if not self._checked:
@@ -177,7 +192,7 @@ def retry_sync(fn: Callable[[], T], policy: RetryPolicy, *, on_retry: OnRetry | 
             time.sleep(delay)
 
 
-class SyncPublisher:
+class SyncPublisher(_PublisherBase):
     """Blocking publisher for Spark executors and scripts: same routing, encoding and retries.
 
     Create it once per process with :meth:`cached` (one connection pool per
@@ -201,13 +216,7 @@ class SyncPublisher:
         on_retry: OnRetry | None = None,
     ) -> None:
         self.redis = redis_client
-        self.keys = Keys(fleet)
-        self.shards = shards
-        self.secret = _secret_bytes(secret)
-        self.maxlen = maxlen
-        self.policy = policy or RetryPolicy()
-        self.on_retry = on_retry
-        self._checked = False
+        super().__init__(fleet, shards, secret, maxlen, policy, on_retry)
 
     @classmethod
     def cached(
