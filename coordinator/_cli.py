@@ -161,34 +161,26 @@ def _print_status(doc: dict[str, Any]) -> None:
     out.print(q if doc["quarantined"] else "no quarantined datasets")
 
 
+WaitOpt = Annotated[float, typer.Option("--timeout", help="Seconds to wait for the owner to act.")]
+
+
+def _operator(op: str, dataset: str, job: str, config: Path | None, wait_s: float) -> None:
+    from ._cli_ops import operator_request
+
+    s = _settings(config)
+    out.print(_run(operator_request(s, dataset, job, op, wait_s=wait_s)))
+
+
 @app.command()
-def retry(
-    dataset: str,
-    job: str,
-    config: ConfigOpt = None,
-    timeout: Annotated[float, typer.Option(help="Seconds to wait for the owner to act.")] = 120.0,
-) -> None:
+def retry(dataset: str, job: str, config: ConfigOpt = None, timeout: WaitOpt = 120.0) -> None:
     """Retry a quarantined dataset's commit sequence (after fixing the cause)."""
-    from ._cli_ops import operator_request
-
-    s = _settings(config)
-    result = _run(operator_request(s, dataset, job, "retry", wait_s=timeout))
-    out.print(result)
+    _operator("retry", dataset, job, config, timeout)
 
 
 @app.command()
-def skip(
-    dataset: str,
-    job: str,
-    config: ConfigOpt = None,
-    timeout: Annotated[float, typer.Option(help="Seconds to wait for the owner to act.")] = 120.0,
-) -> None:
+def skip(dataset: str, job: str, config: ConfigOpt = None, timeout: WaitOpt = 120.0) -> None:
     """Skip (roll back) a quarantined dataset's commit sequence, unblocking the dataset."""
-    from ._cli_ops import operator_request
-
-    s = _settings(config)
-    result = _run(operator_request(s, dataset, job, "skip", wait_s=timeout))
-    out.print(result)
+    _operator("skip", dataset, job, config, timeout)
 
 
 @app.command()
