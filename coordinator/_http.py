@@ -66,6 +66,7 @@ class AdminServer:
         self.rejections: Counter[str] = Counter()
         self.commit_seconds = Histogram()
         self.recovery_seconds = Histogram()
+        self.phase_seconds: dict[str, Histogram] = {}
         self._runner: web.AppRunner | None = None
 
     async def start(self) -> None:
@@ -111,6 +112,8 @@ class AdminServer:
         self.event_counts[str(type(ev).__struct_config__.tag)] += 1
         if isinstance(ev, Committed):
             self.commit_seconds.observe(ev.duration_s)
+            for phase, seconds in ev.phases.items():
+                self.phase_seconds.setdefault(phase, Histogram()).observe(seconds)
         elif isinstance(ev, RecoveryDone):
             self.recovery_seconds.observe(ev.duration_s)
         elif isinstance(ev, MessageRejected):
@@ -142,6 +145,7 @@ class AdminServer:
             rejections=self.rejections,
             commit_seconds=self.commit_seconds,
             recovery_seconds=self.recovery_seconds,
+            phase_seconds=self.phase_seconds,
         )
         return web.Response(text=text, content_type="text/plain", charset="utf-8")
 

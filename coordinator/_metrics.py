@@ -25,16 +25,15 @@ class Histogram:
             if value <= bound:
                 self.counts[i] += 1
 
-    def lines(self, name: str) -> list[str]:
-        """Return the exposition lines of the histogram."""
-        out = [f"# TYPE {name} histogram"]
-        for bound, n in zip(BUCKETS, self.counts, strict=True):
-            out.append(f'{name}_bucket{{le="{bound}"}} {n}')
-        out += [
-            f'{name}_bucket{{le="+Inf"}} {self.total}',
-            f"{name}_sum {self.sum}",
-            f"{name}_count {self.total}",
+    def lines(self, name: str, labels: str = "") -> list[str]:
+        """Return the sample lines of the histogram (``labels``: ``k="v",...`` to add)."""
+        pre = f"{labels}," if labels else ""
+        tail = f"{{{labels}}}" if labels else ""
+        out = [
+            f'{name}_bucket{{{pre}le="{bound}"}} {n}' for bound, n in zip(BUCKETS, self.counts, strict=True)
         ]
+        out += [f'{name}_bucket{{{pre}le="+Inf"}} {self.total}', f"{name}_sum{tail} {self.sum}"]
+        out.append(f"{name}_count{tail} {self.total}")
         return out
 
 
@@ -45,14 +44,15 @@ def render_metrics(
     rejections: Mapping[str, int],
     commit_seconds: Histogram,
     recovery_seconds: Histogram,
+    phase_seconds: Mapping[str, Histogram] | None = None,
 ) -> str:
     """Return the Prometheus text for a status document and the aggregated admin events.
 
     Fleet-wide counters come from the workers' metrics hash (``intake``,
     ``rejected``, ``committed``, ``aborted``, ``quarantined``,
-    ``lock_takeovers``); gauges from the status document; histograms and
-    per-type event counts from the admin stream as seen since this
-    coordinator started.
+    ``lock_takeovers``); gauges from the status document; histograms (commit,
+    recovery, and each commit phase: the step latencies) and per-type event
+    counts from the admin stream as seen since this coordinator started.
     """
     fleet = status["fleet"]
     lab = f'fleet="{fleet}"'
@@ -80,6 +80,12 @@ def render_metrics(
     out += [f'commitfleet_admin_events_total{{{lab},type="{t}"}} {n}' for t, n in sorted(events.items())]
     out.append("# TYPE commitfleet_rejections_total counter")
     out += [f'commitfleet_rejections_total{{{lab},reason="{t}"}} {n}' for t, n in sorted(rejections.items())]
-    out += commit_seconds.lines("commitfleet_commit_duration_seconds")
-    out += recovery_seconds.lines("commitfleet_recovery_duration_seconds")
+    for name, hist in (
+        ("commitfleet_commit_duration_seconds", commit_seconds),
+        ("commitfleet_recovery_duration_seconds", recovery_seconds),
+    ):
+        out += [f"# TYPE {name} histogram", *hist.lines(name, lab)]
+    out.append("# TYPE commitfleet_commit_phase_seconds histogram")
+    for phase, hist in sorted((phase_seconds or {}).items()):
+        out += hist.lines("commitfleet_commit_phase_seconds", f'{lab},phase="{phase}"')
     return "\n".join(out) + "\n"

@@ -516,6 +516,7 @@ class ShardRunner:
                         bytes=result.bytes,
                         duration_s=result.duration,
                         epoch=epoch,
+                        phases=result.phase_seconds,
                     )
                 )
         elif result.status == "quarantined":

@@ -119,6 +119,7 @@ async def run_claimed(
     start = time.monotonic()
     seq = handle.sequence
     policy = commit_policy(settings)
+    timings: dict[str, float] = {}
 
     def result(status: CommitStatus, redone: int, reason: str | None = None) -> CommitResult:
         return CommitResult(
@@ -134,6 +135,7 @@ async def run_claimed(
             recovered=recovered,
             attempts=handle.sequence.attempts,
             quarantined=reason,
+            phase_seconds=timings,
         )
 
     if seq.quarantined is not None:
@@ -145,6 +147,7 @@ async def run_claimed(
         items = [(i, s) for i, s in enumerate(seq.steps) if s.phase == phase]
         if not items:
             continue
+        phase_start = time.monotonic()
         lease.check()
         if phase == "publish":
             await _run_parallel(items, ctx, policy, progress)
@@ -159,6 +162,7 @@ async def run_claimed(
             return result("quarantined", progress.redone, progress.failure)
         if phase != "cleanup":
             await handle.write(done=sorted(progress.done))
+        timings[phase] = time.monotonic() - phase_start
     await handle.delete()
     return result("committed", progress.redone)
 

@@ -25,6 +25,7 @@ class CommitResult(msgspec.Struct, frozen=True, kw_only=True):
       reported when it was quarantined; this call adds nothing new.
 
     ``steps_redone`` counts the steps that were found not done and executed;
+    ``phase_seconds`` times each phase that ran;
     ``recovered`` says this sequence was found in the log (an earlier holder
     started it); ``recovered_jobs`` lists older sequences of the dataset that
     were finished first, and ``earlier`` holds their results (including one
@@ -46,6 +47,9 @@ class CommitResult(msgspec.Struct, frozen=True, kw_only=True):
     blocked_by: str | None = None
     recovered_jobs: list[str] = msgspec.field(default_factory=list)
     earlier: list[CommitResult] = msgspec.field(default_factory=list)
+    phase_seconds: dict[str, float] = msgspec.field(default_factory=dict)
+    """Wall time of each phase this call ran (``publish``, ``apply``, ...,
+    each with its log write), for the step-latency metrics."""
 
     @property
     def ok(self) -> bool:

@@ -61,12 +61,17 @@ class CommitStarted(_DatasetEvent, frozen=True, kw_only=True, tag="commit_starte
 
 
 class Committed(_DatasetEvent, frozen=True, kw_only=True, tag="committed"):
-    """A dataset's commit of a job is complete (manifest written, WAL removed)."""
+    """A dataset's commit of a job is complete (manifest written, WAL removed).
+
+    ``phases`` gives the seconds each phase of the sequence took (``publish``, ``apply``
+    (watermarks and custom steps), ``manifest``, ``cleanup``): the step latencies.
+    """
 
     files: Count
     bytes: Count
     duration_s: Seconds
     epoch: Count = 0
+    phases: dict[str, Seconds] = {}
 
 
 class Aborted(_DatasetEvent, frozen=True, kw_only=True, tag="aborted"):

@@ -347,8 +347,13 @@ async def test_status_events_audit_and_http_api(fleet: Fleet) -> None:
             assert line in text.splitlines(), f"{line!r} not in:\n{text}"
         m = re.search(r'^commitfleet_admin_events_total\{.*type="committed"\} (\d+)$', text, re.M)
         assert m is not None and int(m.group(1)) == 4, text
-        m = re.search(r"^commitfleet_commit_duration_seconds_count (\d+)$", text, re.M)
+        m = re.search(r"^commitfleet_commit_duration_seconds_count\{.*\} (\d+)$", text, re.M)
         assert m is not None and int(m.group(1)) == 4, text
+        # Step latencies: one histogram per commit phase, each commit counted once.
+        for phase in ("publish", "apply", "manifest", "cleanup"):
+            pat = rf'^commitfleet_commit_phase_seconds_count\{{.*phase="{phase}"\}} (\d+)$'
+            m = re.search(pat, text, re.M)
+            assert m is not None and int(m.group(1)) == 4, (phase, text)
 
         # /events: server-sent events, replayed from the start and filtered.
         async with http.get(f"{base}/events", params={"from": "0", "type": "committed"}) as resp:
