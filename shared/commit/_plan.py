@@ -49,7 +49,7 @@ def plan_commit(
 
     Steps, in execution order: one :class:`PublishFile` per winning file
     (``_staging/<job>/<dataset>/<task>-<attempt>/<path>`` ->
-    ``<dataset>/<dir>/<job>-<task:05d>-<name>``), :class:`AdvanceWatermarks`
+    ``<dataset>/<dir>/<job>~<task:05d>-<name>``), :class:`AdvanceWatermarks`
     with the per-key maximum over the winners (omitted when there are none),
     ``extra_steps`` placed by their phase (custom kinds, usually ``apply``),
     :class:`WriteManifest`, and one :class:`Cleanup` of the job's staging

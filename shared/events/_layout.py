@@ -5,7 +5,7 @@ bad value fails here with :class:`InvalidMessage` (``unsafe_path``,
 ``bad_job`` or ``bad_dataset``) instead of producing a key outside its area::
 
     _staging/<job>/<dataset>/<task>-<attempt>/<rel>  task output (staged)
-    <dataset>/<dir>/<job>-<task:05d>-<basename>     published data
+    <dataset>/<dir>/<job>~<task:05d>-<basename>     published data
     <dataset>/_commits/<job>.json                   commit manifest
     _state/<dataset>/watermarks.json                source watermarks
     _wal/<dataset>/<job>.json                       commit sequence (write-ahead log)
@@ -168,19 +168,22 @@ def parse_staged_key(key: str) -> StagedKey:
 
 
 def published_key(dataset: str, job: str, task: int, rel_path: str) -> str:
-    """Return where a staged file is published: ``<dataset>/<dir>/<job>-<task:05d>-<basename>``.
+    """Return where a staged file is published: ``<dataset>/<dir>/<job>~<task:05d>-<basename>``.
 
     The relative folder is kept (Hive partition folders such as
     ``date=2024-01-01/`` stay); the file name gets the job and task as a
-    prefix, so no two tasks or jobs ever publish to the same key. The result
-    is always inside ``<dataset>/`` and never inside ``<dataset>/_commits/``.
+    prefix. ``~`` cannot occur in a job id and the task is digits up to the
+    first ``-``, so the name parses back to one (job, task, basename): no two
+    tasks or jobs ever publish to the same key, whatever a producer names its
+    jobs and files. The result is always inside ``<dataset>/`` and never
+    inside ``<dataset>/_commits/``.
 
     Raises:
         InvalidMessage: unsafe ``rel_path``, bad names, a negative task, a
             published file name over 255 bytes or a key over 1024 bytes.
     """
     parts = check_rel_path(rel_path)
-    name = f"{check_job(job)}-{_check_index('task', task):05d}-{parts[-1]}"
+    name = f"{check_job(job)}~{_check_index('task', task):05d}-{parts[-1]}"
     if len(name.encode()) > MAX_SEGMENT_BYTES:
         raise InvalidMessage("unsafe_path", f"published file name {shown(name, 80)} is over 255 bytes")
     return _fits("/".join([check_dataset_segment(dataset), *parts[:-1], name]))

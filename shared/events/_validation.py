@@ -175,7 +175,7 @@ def _check_task_finished(ev: TaskFinished, limits: ValidationLimits) -> None:
         if name_prefix + basename_size > MAX_SEGMENT_BYTES:
             raise InvalidMessage(
                 "unsafe_path",
-                f"published file name <job>-<task>-{shown(path.rpartition('/')[2], 40)} is over"
+                f"published file name <job>~<task>-{shown(path.rpartition('/')[2], 40)} is over"
                 f" {MAX_SEGMENT_BYTES} bytes - at `{_where(ev, path)}`",
             )
         if path in seen:

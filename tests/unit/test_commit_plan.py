@@ -54,7 +54,7 @@ def test_plan_orders_steps_by_phase_and_derives_every_key() -> None:
     first = seq.steps[0]
     assert isinstance(first, PublishFile)
     assert first.src == "_staging/job-7/sales/0-1/date=2024-01-01/a.parquet"
-    assert first.dst == "sales/date=2024-01-01/job-7-00000-a.parquet"
+    assert first.dst == "sales/date=2024-01-01/job-7~00000-a.parquet"
     assert first.size == 10 and first.md5 == "0" * 32
     marks = seq.steps[4]
     assert isinstance(marks, AdvanceWatermarks)

@@ -291,7 +291,7 @@ def test_path_leading_to_overlong_keys_is_rejected() -> None:
 
 
 def test_basename_too_long_once_prefixed_is_rejected() -> None:
-    name = "p" * 250  # fits a file system, but not once '<job>-<task>-' is prepended
+    name = "p" * 250  # fits a file system, but not once '<job>~<task>-' is prepended
     err = reject(raw(task_finished()) | {"files": [{"path": name, "size": 1}]})
     assert err.reason == "unsafe_path" and "over 255 bytes" in err.detail
 

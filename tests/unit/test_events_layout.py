@@ -36,9 +36,9 @@ def test_exact_keys() -> None:
         "_staging/j1/sales/3-0/date=2024-01-01/p.parquet"
     )
     assert published_key("sales", "j1", 3, "date=2024-01-01/hour=05/p.parquet") == (
-        "sales/date=2024-01-01/hour=05/j1-00003-p.parquet"
+        "sales/date=2024-01-01/hour=05/j1~00003-p.parquet"
     )
-    assert published_key("sales", "j1", 123456, "p.parquet") == "sales/j1-123456-p.parquet"
+    assert published_key("sales", "j1", 123456, "p.parquet") == "sales/j1~123456-p.parquet"
     assert manifest_key("sales", "j1") == "sales/_commits/j1.json"
     assert commits_prefix("sales") == "sales/_commits/"
     assert wal_key("sales", "j1") == "_wal/sales/j1.json"
@@ -122,7 +122,7 @@ def test_published_key_never_leaves_the_dataset_folder(dataset: str, job: str, t
     assert parts[0] == dataset
     assert not any(p in ("", ".", "..") for p in parts)
     assert not key.startswith(commits_prefix(dataset))
-    assert parts[-1] == f"{job}-{task:05d}-{rel.split('/')[-1]}"
+    assert parts[-1] == f"{job}~{task:05d}-{rel.split('/')[-1]}"
     assert parts[1:-1] == rel.split("/")[:-1]  # partition folders are kept as they are
     assert len(key.encode()) <= 1024 and len(parts[-1].encode()) <= 255
 
@@ -160,10 +160,24 @@ def test_tasks_of_one_job_never_collide(
     assert ka != kb
 
 
-def test_jobs_with_dash_digit_ids_can_collide() -> None:
-    # A documented limit of '<job>-<task:05d>-<basename>': job ids that extend another job's id
-    # by '-<5 digits>' and a basename starting with '<digits>-' give the same key.
-    assert published_key("d", "etl", 1, "00002-x") == published_key("d", "etl-00001", 2, "x")
+def test_jobs_whose_ids_extend_each_other_do_not_collide() -> None:
+    # With '-' as the separator these two were the same key ('etl-00001-00002-x'):
+    # a producer could have overwritten another job's published file.
+    assert published_key("d", "etl", 1, "00002-x") != published_key("d", "etl-00001", 2, "x")
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    a=st.tuples(st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,20}", fullmatch=True), st.integers(0, 10**6)),
+    b=st.tuples(st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,20}", fullmatch=True), st.integers(0, 10**6)),
+    name_a=st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,20}", fullmatch=True),
+    name_b=st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,20}", fullmatch=True),
+)
+def test_published_names_are_injective(
+    a: tuple[str, int], b: tuple[str, int], name_a: str, name_b: str
+) -> None:
+    assume((a, name_a) != (b, name_b))
+    assert published_key("d", a[0], a[1], name_a) != published_key("d", b[0], b[1], name_b)
 
 
 @settings(max_examples=300, deadline=None)
