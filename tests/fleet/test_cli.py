@@ -616,3 +616,14 @@ async def test_operator_request_that_cannot_apply_is_refused_once(fleet: Fleet) 
 
 async def _gone(fleet: Fleet, key: str) -> bool:
     return not await fleet.redis.hlen(key)
+
+
+async def test_worker_refuses_a_fleet_with_another_shard_count(fleet: Fleet) -> None:
+    """N is fixed when a fleet is created: a worker configured with another N stops at start."""
+    env = cli_env(COMMITFLEET_FLEET_SHARDS=str(fleet.settings.fleet.shards * 2))
+    res = await cli("worker", "--config", fleet.config, "--id", "wrong-n", env=env, timeout=60)
+    assert res.rc == 2, (res.rc, res.out, res.err)
+    (line,) = res.err.strip().splitlines()
+    assert f"was created with {fleet.settings.fleet.shards} shards" in line, line
+    live, _dead = await fleet.registry.members()
+    assert "wrong-n" not in live
