@@ -16,6 +16,7 @@ enable this in production.
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
@@ -24,6 +25,7 @@ from .._errors import OutcomeUnknown, Throttled, TransientError
 from ._port import ObjectData, ObjectInfo, ObjectStore, StoreLifecycle
 
 T = TypeVar("T")
+log = logging.getLogger("shared.storage.chaos")
 
 
 class FaultyStore(StoreLifecycle):
@@ -43,12 +45,14 @@ class FaultyStore(StoreLifecycle):
     def _before(self, what: str) -> None:
         if self._rng.random() < self._rate / 2:
             kind = Throttled if self._rng.random() < 0.5 else TransientError
+            log.info("chaos fault injected: %s %s", kind.__name__, what)
             raise kind(f"chaos: {what} failed before sending")
 
     async def _mutate(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
         self._before(what)
         result = await call()
         if self._rng.random() < self._rate / 2:
+            log.info("chaos fault injected: OutcomeUnknown %s (after it took effect)", what)
             raise OutcomeUnknown(f"chaos: {what} took effect but its reply was lost")
         return result
 

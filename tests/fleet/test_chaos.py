@@ -74,9 +74,12 @@ async def test_storage_faults_keep_exactly_once(fleet: Fleet) -> None:
     await wait_for(lambda: fleet.owners_settled({"w1", "w2"}), timeout=90, what="2 workers")
     expected = await _run_waves(fleet, waves=2, per_wave=20)
     await _exactly_once(fleet, expected)
-    # The faults really happened (and were survived): the workers logged them.
+    # The faults really happened (and were survived): every injection is logged.
     logs = fleet.names["w1"].output() + fleet.names["w2"].output()
-    assert logs.count("chaos:") >= 3, "no injected store fault reached the workers"
+    injected = logs.count("chaos fault injected")
+    # ~1,000 store requests at 5%: dozens expected; a handful would mean injection is broken.
+    assert injected >= 10, f"only {injected} injected store faults"
+    assert "OutcomeUnknown" in logs, "no lost-reply fault was injected"
 
 
 @pytest.mark.chaos
