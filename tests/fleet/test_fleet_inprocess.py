@@ -7,12 +7,22 @@ kills, freezes and scaling; this one is the quick functional check.
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Awaitable
 from pathlib import Path
 
 import redis.asyncio
 
 from coordinator import Coordinator
-from shared.events import Aborted, Committed, ShardsAssigned, WorkerJoined
+from shared.events import (
+    Aborted,
+    AdminEvent,
+    Committed,
+    JobStarted,
+    JobTimedOut,
+    ShardsAssigned,
+    WorkerJoined,
+)
 from shared.queue import AsyncPublisher, Keys, ensure_fleet
 from shared.storage import open_store
 from tests._support.wait import wait_for
@@ -27,6 +37,7 @@ from ._helpers import (
     good_job,
     no_staging_left,
     no_wal_left,
+    stage_task,
 )
 
 
@@ -73,3 +84,48 @@ async def test_inprocess_fleet_commits_and_aborts(
         await asyncio.gather(*tasks)
     keys = Keys(fleet_name)
     assert await redis_client.scard(keys.workers) == 0
+
+
+async def test_job_that_never_ends_is_aborted_at_its_timeout(
+    redis_url: str, redis_client: redis.asyncio.Redis, fleet_name: str, tmp_path: Path
+) -> None:
+    settings = fleet_settings(redis_url, tmp_path / "store", fleet_name)
+    coord = Coordinator(settings, coordinator_id="c1")
+    w1 = Worker(settings, worker_id="w1")
+    async with open_store(settings.store.url, settings.store) as store, asyncio.TaskGroup() as tg:
+        tasks = [tg.create_task(x.run()) for x in (coord, w1)]
+        try:
+            pub = AsyncPublisher(redis_client, fleet_name, settings.fleet.shards)
+            started = JobStarted(job="stuck", datasets=["ds1", "ds2"], timeout_s=1.0, started_at=time.time())
+            await pub.publish_many(
+                [
+                    started,
+                    await stage_task(store, "stuck", "ds1", 0, 0),
+                    await stage_task(store, "stuck", "ds2", 0, 0),
+                ]
+            )
+            # The driver died: no JobFinished, no JobFailed. The fleet aborts at the timeout.
+            await wait_for(
+                lambda: no_staging_left(store, "stuck"), timeout=30, what="timed-out job cleaned up"
+            )
+
+            async def timed_out() -> list[AdminEvent]:
+                evs = await admin_events(redis_client, fleet_name)
+                return [e for e in evs if isinstance(e, JobTimedOut | Aborted) and e.job == "stuck"]
+
+            evs = await wait_for(lambda: _at_least(timed_out(), 4), timeout=30, what="timeout events")
+            assert sorted(d for e in evs if isinstance(e, JobTimedOut) for d in e.datasets) == ["ds1", "ds2"]
+            assert {(e.dataset, e.reason) for e in evs if isinstance(e, Aborted)} == {
+                ("ds1", "timed out"),
+                ("ds2", "timed out"),
+            }
+            assert not await committed(store, ["ds1"], "stuck")
+        finally:
+            for x in (w1, coord):
+                x.shutdown()
+        await asyncio.gather(*tasks)
+
+
+async def _at_least(evs: Awaitable[list[AdminEvent]], n: int) -> list[AdminEvent] | None:
+    got = await evs
+    return got if len(got) >= n else None
