@@ -1,12 +1,5 @@
-"""Free loopback ports for services the tests start themselves."""
+"""Free loopback ports for services the tests start themselves (the same helper the demo uses)."""
 
-from __future__ import annotations
+from coordinator._procs import free_port
 
-import socket
-
-
-def free_port() -> int:
-    """Return a TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+__all__ = ["free_port"]

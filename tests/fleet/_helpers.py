@@ -111,19 +111,22 @@ async def committed(store: ObjectStore, datasets: Iterable[str], job: str) -> bo
     return True
 
 
-async def no_staging_left(store: ObjectStore, job: str) -> bool:
-    """Return True when nothing is staged for ``job`` any more."""
-    async for _ in store.list(f"_staging/{job}/"):
+async def nothing_under(store: ObjectStore, prefix: str) -> bool:
+    """Return True when no object's key starts with ``prefix``."""
+    async for _ in store.list(prefix):
         return False
     return True
+
+
+async def no_staging_left(store: ObjectStore, job: str) -> bool:
+    """Return True when nothing is staged for ``job`` any more."""
+    return await nothing_under(store, f"_staging/{job}/")
 
 
 async def no_wal_left(store: ObjectStore) -> bool:
     """Return True when no commit sequence is under way (the manifest is written before
     the last step, clean-up, and the WAL goes only after it)."""
-    async for _ in store.list("_wal/"):
-        return False
-    return True
+    return await nothing_under(store, "_wal/")
 
 
 async def clean_audit(store: ObjectStore) -> AuditReport:
