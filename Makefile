@@ -1,5 +1,5 @@
 # The two commands of the README: `make demo` and `make test`.
-.PHONY: demo test lint typecheck check stress chaos bench bootstrap schema
+.PHONY: demo test lint typecheck check stress chaos bench bootstrap schema spark-cluster
 
 VENV := .venv/bin
 
@@ -24,6 +24,10 @@ stress: bootstrap
 
 chaos: bootstrap
 	$(VENV)/pytest -q -m chaos
+
+# A real Spark standalone cluster (master + 2 workers from the installed pyspark) and spark-submit.
+spark-cluster: bootstrap
+	$(VENV)/pytest -q -m spark_cluster tests/e2e/test_spark_cluster.py
 
 bench: bootstrap
 	$(VENV)/commitfleet bench

@@ -2,8 +2,15 @@
 
 Every command reads its settings once (``--config FILE`` or
 ``COMMITFLEET_CONFIG``, then ``COMMITFLEET_*`` variables, ``REDIS_URL`` and
-``COMMITFLEET_STORE``) into one frozen :class:`~shared.Settings`. A bad setting
-stops the command at start with one line on stderr and exit code 2.
+``COMMITFLEET_STORE``) into one frozen :class:`~shared.Settings`. The shard
+count comes from the fleet's record in Redis; ``fleet.shards``, when set, must
+agree with it.
+
+Exit codes: 0 done (or stopped by SIGTERM/SIGINT); 1 the command failed (an
+audit violation, an operator request that did not apply); 2 a bad setting
+(one line on stderr); 3 a service could not be reached (operator commands; a
+worker or coordinator waits for Redis instead); 70 a worker or coordinator
+crashed on an unexpected error (the traceback is in its log).
 """
 
 from __future__ import annotations
@@ -11,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import time
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -23,6 +29,7 @@ from rich.table import Table
 
 from shared import CommitfleetError, ConfigError, Settings, TransientError, load_settings
 from shared._logging import configure_logging
+from shared.fleet import EXIT_CRASHED, ProcessCrashed
 
 T = TypeVar("T")
 
@@ -50,9 +57,12 @@ def _settings(config: Path | None, overrides: dict[str, Any] | None = None) -> S
 
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:
-    """Run ``coro``; a ConfigError or an unreachable service ends the command with one line."""
+    """Run ``coro``; a ConfigError, an unreachable service or a crash ends the command with one line."""
     try:
         return asyncio.run(coro)
+    except ProcessCrashed as exc:
+        err.print(f"commitfleet: {exc} (the traceback is in the log above)", markup=False, highlight=False)
+        raise typer.Exit(EXIT_CRASHED) from None
     except ConfigError as exc:
         err.print(f"commitfleet: config error: {exc}", markup=False, highlight=False)
         raise typer.Exit(2) from None
@@ -118,9 +128,12 @@ def events(
 @app.command()
 def status(
     config: ConfigOpt = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the status document as JSON.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the whole status document as JSON.")] = False,
+    show_all: Annotated[
+        bool, typer.Option("--all", help="Every shard, job and dataset, not the top few.")
+    ] = False,
 ) -> None:
-    """Show workers, shards, open jobs, pending and quarantined datasets."""
+    """Show a summary (per shard: open jobs, queued, running, quarantined, lag) and the top of each list."""
     from ._cli_ops import get_status
 
     s = _settings(config)
@@ -128,37 +141,13 @@ def status(
     if as_json:
         sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
         return
-    _print_status(doc)
+    from ._status_text import print_status
+
+    print_status(out, doc, top=None if show_all else STATUS_TOP)
 
 
-def _print_status(doc: dict[str, Any]) -> None:
-    out.print(
-        f"fleet [bold]{doc['fleet']}[/]  shards {doc['shards']}  leader {doc['leader'] or '-'}  "
-        f"assignment epoch {doc['assignment_epoch']}"
-    )
-    t = Table("worker", "host", "pid", "shards", "heartbeat age")
-    now = time.time()
-    for w in doc["workers"]:
-        t.add_row(w["id"], w["host"], str(w["pid"]), str(len(w["shards"])), f"{now - w['heartbeat_at']:.1f}s")
-    out.print(t)
-    moving = [r for r in doc["shard_table"] if r["moving_to"]]
-    unowned = [r["shard"] for r in doc["shard_table"] if not r["owner"]]
-    lag = sum(r["lag"] for r in doc["shard_table"])
-    dead = sum(r["dead_letters"] for r in doc["shard_table"])
-    out.print(f"shards moving {len(moving)}  unowned {len(unowned)}  lag {lag}  dead letters {dead}")
-    jobs = Table("open job", "shard", "datasets")
-    for j in doc["open_jobs"]:
-        jobs.add_row(j["job"], str(j["shard"]), ", ".join(f"{k}:{v}" for k, v in j["datasets"].items()))
-    out.print(jobs)
-    if doc["pending"]:
-        p = Table("pending dataset", "job", "status")
-        for row in doc["pending"]:
-            p.add_row(row["dataset"], row["job"], row["status"])
-        out.print(p)
-    q = Table("quarantined dataset", "job", "reason", title=None)
-    for row in doc["quarantined"]:
-        q.add_row(row["dataset"], row["job"], row["reason"])
-    out.print(q if doc["quarantined"] else "no quarantined datasets")
+# How many rows of each list `commitfleet status` shows without --all (the output stays under 60 lines).
+STATUS_TOP = 5
 
 
 WaitOpt = Annotated[float, typer.Option("--timeout", help="Seconds to wait for the owner to act.")]
@@ -181,6 +170,28 @@ def retry(dataset: str, job: str, config: ConfigOpt = None, timeout: WaitOpt = 1
 def skip(dataset: str, job: str, config: ConfigOpt = None, timeout: WaitOpt = 120.0) -> None:
     """Skip (roll back) a quarantined dataset's commit sequence, unblocking the dataset."""
     _operator("skip", dataset, job, config, timeout)
+
+
+@app.command()
+def wait(
+    job: str,
+    datasets: Annotated[list[str], typer.Argument(help="The job's datasets.")],
+    config: ConfigOpt = None,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for every outcome.")] = 900.0,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per dataset.")] = False,
+) -> None:
+    """Wait for a job's outcome: exit 0 all committed, 1 some not, 2 bad usage, 3 no Redis, 124 timeout."""
+    from ._wait import exit_code, outcome_rows, wait_outcome
+
+    s = _settings(config)
+    outcome, complete = _run(wait_outcome(s, job, datasets, timeout))
+    for row in outcome_rows(outcome):
+        if as_json:
+            sys.stdout.write(json.dumps(row) + "\n")
+        else:
+            detail = row["manifest"] if row["status"] == "committed" else row["reason"]
+            sys.stdout.write(f"{row['dataset']}\t{row['status']}\t{detail}\n")
+    raise typer.Exit(exit_code(outcome, complete))
 
 
 @app.command()
@@ -239,14 +250,60 @@ def demo(
 
 @app.command()
 def bench(
-    events_n: Annotated[int, typer.Option("--events", help="Events to push through intake.")] = 20000,
+    what: Annotated[str, typer.Argument(help="intake, or commit.")] = "intake",
+    events_n: Annotated[int, typer.Option("--events", help="intake: events to push through.")] = 20000,
+    datasets: Annotated[int, typer.Option(help="commit: datasets per mode.")] = 200,
+    files: Annotated[int, typer.Option(help="commit: files per dataset.")] = 8,
+    size: Annotated[int, typer.Option(help="commit: bytes per file.")] = 64 * 1024,
+    modes: Annotated[
+        str, typer.Option(help="commit: baseline,core,fleet (any of them).")
+    ] = "baseline,core,fleet",
+    latency_ms: Annotated[float, typer.Option(help="commit: modelled store latency median (0 = off).")] = 0.0,
+    latency_p99_ms: Annotated[
+        float, typer.Option(help="commit: modelled latency p99 (default 5x median).")
+    ] = 0.0,
+    workers: Annotated[int, typer.Option(help="commit: worker processes of the fleet mode.")] = 2,
+    inflight: Annotated[int, typer.Option(help="commit: datasets at a time in the core mode.")] = 32,
     config: ConfigOpt = None,
 ) -> None:
-    """Benchmark intake: worker events/s against raw XREADGROUP+XACK in the same run."""
-    from ._bench import run_bench
-
+    """Benchmarks: intake (worker events/s against raw XREADGROUP+XACK) or commit (fleet and commit
+    core against a sequential single driver on the configured store; a temporary local one by default)."""
     s = _settings(config)
-    _run(run_bench(s, events_n, console=out))
+    if what == "intake":
+        from ._bench import run_bench
+
+        _run(run_bench(s, events_n, console=out))
+        return
+    if what != "commit":
+        raise typer.BadParameter(f"unknown benchmark {what!r} (intake or commit)")
+    from ._bench_commit import MODES, Workload
+    from ._bench_fleet import run_commit_bench
+
+    chosen = [m.strip() for m in modes.split(",") if m.strip()]
+    if not chosen or any(m not in MODES for m in chosen) or min(datasets, files, size, workers, inflight) < 1:
+        raise typer.BadParameter(f"--modes takes {','.join(MODES)}; counts must be >= 1")
+    if latency_ms > 0:
+        store = msgspec.structs.replace(
+            s.store, model_latency_ms=latency_ms, model_latency_p99_ms=latency_p99_ms or 5 * latency_ms
+        )
+        s = msgspec.structs.replace(s, store=store)
+    w = Workload(datasets=datasets, files=files, size=size)
+    _run(run_commit_bench(s, w, modes=chosen, workers=workers, inflight=inflight, console=out))
+
+
+@app.command()
+def pack(
+    out_dir: Annotated[Path, typer.Option("--out", help="Folder to write into.")] = Path("dist"),
+) -> None:
+    """Build the zip Spark executors import commitfleet from (spark-submit --py-files), see docs/spark.md."""
+    from shared.spark._pack import build_pack
+
+    p = build_pack(out_dir)
+    lines = (
+        f"{p.archive}  ({p.files} files, sha256 {p.sha256})\n{p.requirements}\n"
+        f"spark-submit --py-files {p.archive} ...  # executors: pip install -r {p.requirements}"
+    )
+    out.print(lines, soft_wrap=True, highlight=False, markup=False)
 
 
 def main() -> None:

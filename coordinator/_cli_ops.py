@@ -24,7 +24,15 @@ from shared.events import (
     encode_admin,
 )
 from shared.locks import run_shielded
-from shared.queue import Keys, connect, follow_admin, read_admin_range, redis_errors, shard_of
+from shared.queue import (
+    Keys,
+    connect,
+    existing_fleet,
+    follow_admin,
+    read_admin_range,
+    redis_errors,
+    shard_of,
+)
 from shared.storage import open_store
 
 from ._http import event_matches
@@ -68,11 +76,14 @@ async def _stoppable(coro: Coroutine[Any, Any, T], *, limit_s: float | None = No
 
 
 async def get_status(s: Settings) -> dict[str, Any]:
-    """Return the fleet's status document (quarantines from the store too, when configured)."""
+    """Return the fleet's status document, from Redis only (the workers record quarantines there).
+
+    Raises:
+        ConfigError: no such fleet, or ``fleet.shards`` disagrees with the fleet's record.
+        TransientError: Redis unavailable.
+    """
     async with _redis(s) as r:
-        if s.store.url:
-            async with open_store(s.store.url, s.store) as store:
-                return await fleet_status(r, Keys(s.fleet.name), s, store)
+        s = await existing_fleet(r, s)
         return await fleet_status(r, Keys(s.fleet.name), s)
 
 
@@ -154,8 +165,8 @@ async def operator_request(s: Settings, dataset: str, job: str, op: str, *, wait
             found = [u for u in await list_unfinished(store, dataset) if u.job == job]
         if not found:
             raise ConfigError(f"no unfinished commit sequence for dataset {dataset!r}, job {job!r}")
-    shard = shard_of(dataset, s.fleet.shards)
     async with _redis(s) as r:
+        shard = shard_of(dataset, (await existing_fleet(r, s)).fleet.shards)
         with redis_errors("XREVRANGE admin"):
             newest: Any = await r.xrevrange(keys.admin, count=1)
         start: bytes = newest[0][0] if newest else b"0-0"

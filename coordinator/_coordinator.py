@@ -17,8 +17,22 @@ The leader, every ``coordinator.tick`` seconds:
    previous owner out of the shard's Redis state), clears completed handoffs,
    forgets expired workers, and publishes ``shards_assigned`` / ``worker_left``.
 
+Start: while Redis cannot be reached the coordinator waits and tries again
+with a capped, jittered backoff, logging each wait (SIGTERM ends the wait at
+once, exit 0). The shard count comes from the fleet's record in Redis; a
+``fleet.shards`` that disagrees is a ConfigError (exit 2), like an admin API
+address that cannot be bound.
+
 Shutdown (SIGTERM; safe twice): stop leading (the lock is released, so a
 standby takes over at once), stop the HTTP server, close clients.
+
+Crash: an unexpected exception in the election/leading loop or the admin event
+aggregator is fatal (:class:`~shared.fleet.ProcessTasks`): its traceback is
+logged at once, everything is cancelled (the leader lock is released on the
+way out, shielded), and :meth:`Coordinator.run` raises
+:class:`~shared.fleet.ProcessCrashed` (exit 70); a process that has not ended
+a few seconds later is ended anyway. An error in one HTTP request is that
+request's (a 500 answer, logged), not the process's.
 """
 
 from __future__ import annotations
@@ -30,13 +44,23 @@ import time
 
 import redis.asyncio
 
-from shared import LockLost, OutcomeUnknown, Settings, TransientError
-from shared._aio import cancel_until_done
+from shared import ConfigError, LockLost, OutcomeUnknown, Settings, TransientError
 from shared._logging import kv
 from shared.events import ShardsAssigned, WorkerLeft
-from shared.fleet import Assignment, FleetRegistry, moved_count, new_worker_id, rebalance
+from shared.fleet import (
+    HARD_EXIT_AFTER_S,
+    Assignment,
+    FleetRegistry,
+    ProcessCrashed,
+    ProcessTasks,
+    dump_tasks,
+    moved_count,
+    new_worker_id,
+    rebalance,
+    wait_until_up,
+)
 from shared.locks import HeldLease, StorageLock, run_shielded
-from shared.queue import AdminPublisher, Keys, connect, ensure_fleet
+from shared.queue import AdminPublisher, Keys, connect, join_fleet
 from shared.storage import ObjectStore, open_store
 
 from ._http import AdminServer
@@ -49,15 +73,18 @@ LEADER_LOCK = "_coordinator"
 class Coordinator:
     """One coordinator process (see the module doc)."""
 
-    def __init__(self, settings: Settings, *, coordinator_id: str | None = None) -> None:
+    def __init__(
+        self, settings: Settings, *, coordinator_id: str | None = None, hard_exit_after: float | None = None
+    ) -> None:
         """Prepare; nothing connects until :meth:`run`.
+
+        ``hard_exit_after``: after a fatal error, end the OS process that many
+        seconds later if it is still alive (set by :func:`run_coordinator`).
 
         Raises:
             ConfigError: no store URL (the leader lock lives in the store).
         """
         if not settings.store.url:
-            from shared import ConfigError
-
             raise ConfigError("store.url is required (set COMMITFLEET_STORE or store.url in the config file)")
         self.settings = settings
         self.id = new_worker_id(coordinator_id or f"coord-{new_worker_id()}")
@@ -65,6 +92,7 @@ class Coordinator:
         self.leading = asyncio.Event()
         self.http_port: int | None = None
         self.ready = asyncio.Event()
+        self._hard_exit_after = hard_exit_after
 
     def shutdown(self) -> None:
         """Begin shutdown (idempotent)."""
@@ -73,15 +101,27 @@ class Coordinator:
     async def run(self) -> None:
         """Serve the admin API and lead when elected, until :meth:`shutdown`.
 
+        Returns without starting when shut down while waiting for Redis.
+
         Raises:
-            ConfigError: the fleet has another shard count, or the HTTP port is taken.
+            ConfigError: ``fleet.shards`` disagrees with the fleet's record, or
+                the HTTP port is taken.
+            ProcessCrashed: an unexpected error (its traceback was logged when
+                it happened).
         """
         s = self.settings
-        keys = Keys(s.fleet.name)
         r = connect(s.redis, client_name=f"commitfleet-coordinator-{self.id}")
+        crashed: BaseException | None = None
         try:
             async with open_store(s.store.url, s.store) as store:
-                await ensure_fleet(r, s.fleet.name, s.fleet.shards)
+                resolved = await wait_until_up(
+                    lambda: join_fleet(r, s), stop=self._stop, what="reach the fleet's Redis"
+                )
+                if resolved is None:
+                    log.info("stopped before starting", extra=kv(coordinator=self.id))
+                    return
+                self.settings = s = resolved
+                keys = Keys(s.fleet.name)
                 registry = FleetRegistry(r, keys)
                 admin = AdminPublisher(r, keys, maxlen=s.admin.stream_maxlen)
                 server = AdminServer(s, r, keys, store, coordinator_id=self.id, leading=self.leading)
@@ -92,15 +132,24 @@ class Coordinator:
                     "coordinator up",
                     extra=kv(coordinator=self.id, http=f"{s.coordinator.http_host}:{server.port}"),
                 )
+                process = ProcessTasks(
+                    f"coordinator {self.id}", stop=self._stop, hard_exit_after=self._hard_exit_after
+                )
                 try:
-                    async with asyncio.TaskGroup() as tg:
-                        aggregator = tg.create_task(server.follow_admin())
-                        await self._campaign(store, registry, admin, r)
-                        await cancel_until_done(aggregator)
+                    async with process:
+                        process.start(server.follow_admin(), "admin event aggregator")
+                        campaign = process.start(self._campaign(store, registry, admin, r), "leader election")
+                        await self._stop.wait()
+                        if process.crashed is None:
+                            # It ends by itself once stopped, releasing the leader lock.
+                            await asyncio.wait([campaign])
                 finally:
                     await run_shielded(server.stop())
+                crashed = process.crashed
         finally:
             await run_shielded(r.aclose())
+        if crashed is not None:
+            raise ProcessCrashed(f"coordinator {self.id} crashed: {crashed!r}") from crashed
 
     async def _campaign(
         self, store: ObjectStore, registry: FleetRegistry, admin: AdminPublisher, r: redis.asyncio.Redis
@@ -191,15 +240,17 @@ async def run_coordinator(settings: Settings, *, coordinator_id: str | None = No
 
     Raises:
         ConfigError: bad configuration.
+        ProcessCrashed: an unexpected error (logged with its traceback when it happened).
     """
     import signal
 
-    coordinator = Coordinator(settings, coordinator_id=coordinator_id)
+    coordinator = Coordinator(settings, coordinator_id=coordinator_id, hard_exit_after=HARD_EXIT_AFTER_S)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, coordinator.shutdown)
+    loop.add_signal_handler(signal.SIGUSR1, dump_tasks)
     try:
         await coordinator.run()
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
             loop.remove_signal_handler(sig)

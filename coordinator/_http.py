@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter
 from typing import Any
 
@@ -42,6 +43,10 @@ def event_matches(ev: AdminEvent, *, types: set[str], dataset: str | None, job: 
     return job is None or getattr(ev, "job", None) == job
 
 
+# How long one status document answers /status and /metrics requests.
+STATUS_CACHE_S = 1.0
+
+
 class AdminServer:
     """Serves the admin API and aggregates admin events into metrics."""
 
@@ -68,6 +73,9 @@ class AdminServer:
         self.recovery_seconds = Histogram()
         self.phase_seconds: dict[str, Histogram] = {}
         self._runner: web.AppRunner | None = None
+        # The status document, shared by the requests of STATUS_CACHE_S seconds.
+        self._cached: tuple[float, dict[str, Any]] | None = None
+        self._status_lock = asyncio.Lock()
 
     async def start(self) -> None:
         """Bind and serve. Raises ConfigError when the address is unusable."""
@@ -120,9 +128,20 @@ class AdminServer:
             self.rejections[ev.reason] += 1
 
     async def _status_doc(self) -> dict[str, Any]:
-        doc = await fleet_status(self.r, self.keys, self.settings, self.store)
-        doc["coordinator"] = {"id": self.coordinator_id, "leading": self.leading.is_set()}
-        return doc
+        """Return the status document, at most STATUS_CACHE_S old.
+
+        Computed from the Redis state the workers keep (quarantines included),
+        never by listing the store: a request costs the same at any store size.
+        Concurrent requests wait for one computation. Raises TransientError.
+        """
+        async with self._status_lock:
+            now = time.monotonic()
+            if self._cached is not None and now - self._cached[0] < STATUS_CACHE_S:
+                return self._cached[1]
+            doc = await fleet_status(self.r, self.keys, self.settings)
+            doc["coordinator"] = {"id": self.coordinator_id, "leading": self.leading.is_set()}
+            self._cached = (time.monotonic(), doc)
+            return doc
 
     async def _status(self, _request: web.Request) -> web.Response:
         try:

@@ -114,8 +114,20 @@ class FleetProcess:
     """One ``commitfleet worker|coordinator`` process."""
 
     def __init__(
-        self, kind: str, name: str, config: Path, log_dir: Path, extra: list[str] | None = None
+        self,
+        kind: str,
+        name: str,
+        config: Path,
+        log_dir: Path,
+        extra: list[str] | None = None,
+        *,
+        module: str = "coordinator",
     ) -> None:
+        """Start ``python -m <module> <kind> --config CONFIG --id NAME [extra]``.
+
+        ``module`` is the CLI's module; a test may name a launcher of its own
+        that plants a fault and then runs the same CLI.
+        """
         self.kind = kind
         self.name = name
         self.log_path = log_dir / f"{name}.log"
@@ -125,7 +137,7 @@ class FleetProcess:
         argv = [
             sys.executable,
             "-m",
-            "coordinator",
+            module,
             kind,
             "--config",
             str(config),

@@ -16,9 +16,9 @@ import redis.exceptions as rx
 from shared import Settings
 from shared.commit import list_unfinished
 from shared.fleet import FleetRegistry
-from shared.queue import DEFAULT_GROUP, Keys, as_text, redis_errors
+from shared.queue import DEFAULT_GROUP, Keys, as_text, redis_errors, shard_of
 from shared.storage import ObjectStore
-from workers import JobMeta
+from workers import STATE_VERSION, JobMeta, read_in_flight
 
 _meta_dec = msgspec.json.Decoder(JobMeta)
 
@@ -30,10 +30,18 @@ async def _shard_rows(r: redis.asyncio.Redis, keys: Keys, shards: int) -> list[d
             pipe.xinfo_groups(keys.events(s))
             pipe.xlen(keys.dead(s))
             pipe.hgetall(keys.shard_state(s, "jobs"))
+            pipe.hgetall(keys.shard_state(s, "aside"))
+            pipe.hgetall(keys.shard_state(s, "quarantined"))
+            pipe.xpending(keys.events(s), DEFAULT_GROUP)
         replies = await pipe.execute(raise_on_error=False)
     rows: list[dict[str, Any]] = []
+    now_ms = time.time() * 1000
     for s in range(shards):
-        length, groups, dead, jobs = replies[4 * s : 4 * s + 4]
+        length, groups, dead, jobs, aside, quarantined, summary = replies[7 * s : 7 * s + 7]
+        oldest = None
+        if isinstance(summary, dict) and summary.get("min"):
+            # A stream id starts with the milliseconds at which it was written.
+            oldest = round(max(0.0, now_ms - int(as_text(summary["min"]).split("-")[0])) / 1000, 1)
         pending = lag = 0
         if not isinstance(groups, rx.ResponseError):
             for g in groups:
@@ -47,7 +55,11 @@ async def _shard_rows(r: redis.asyncio.Redis, keys: Keys, shards: int) -> list[d
                 "pending": pending,
                 "lag": lag,
                 "dead_letters": int(dead) if not isinstance(dead, rx.ResponseError) else 0,
+                "oldest_pending_s": oldest,
                 "_jobs": jobs if isinstance(jobs, dict) else {},
+                "_quarantined": quarantined if isinstance(quarantined, dict) else {},
+                # Set by the shard's owner while its state cannot be read (workers/_aside.py).
+                "set_aside": {as_text(k): as_text(v) for k, v in aside.items()} if aside else None,
             }
         )
     return rows
@@ -60,15 +72,24 @@ async def fleet_status(
 
     Keys: ``fleet``, ``shards``, ``leader``, ``assignment_epoch``, ``workers``
     (live, with their shards), ``expired_workers``, ``shard_table`` (owner,
-    moving_to, stream length, pending, lag, dead letters), ``open_jobs``,
+    moving_to, stream length, pending, lag, dead letters, ``set_aside``: why
+    the shard is set aside, or None), ``open_jobs``,
     ``pending`` (datasets waiting for tasks or being committed/aborted),
     ``quarantined`` (from Redis state and, when ``store`` is given, from the
-    store's ``_wal/``), ``counters`` and ``at``.
+    store's ``_wal/``), ``in_flight`` (each owner's work under way: state
+    queued / running / retrying, since, attempts, last error), ``unreadable``
+    (job records of the shard state that do not decode: shard, key, field,
+    error), ``counters`` and ``at``.
+
+    ``settings.fleet.shards`` must be the fleet's count (see
+    :func:`shared.queue.existing_fleet`).
 
     Raises:
         TransientError: Redis (or the store) unavailable.
     """
     shards = settings.fleet.shards
+    if shards < 1:
+        raise ValueError("fleet_status needs the fleet's shard count (settings.fleet.shards is not resolved)")
     registry = FleetRegistry(r, keys)
     with redis_errors("status"):
         live, dead = await registry.members()
@@ -76,6 +97,9 @@ async def fleet_status(
         leader = await registry.leader()
         rows = await _shard_rows(r, keys, shards)
         counters_raw = await r.hgetall(keys.fleet_key("metrics"))
+        # committed / aborted are counted exactly, with their admin events (docs/queue.md).
+        outcome_counts = await r.hgetall(keys.outcome_counts)
+    in_flight = await read_in_flight(r, keys, shards)  # what each owner has under way, and its state
     owners = assignment.owners()
     workers = [
         {
@@ -91,12 +115,36 @@ async def fleet_status(
     open_jobs: list[dict[str, Any]] = []
     pending: list[dict[str, Any]] = []
     quarantined: dict[tuple[str, str], dict[str, Any]] = {}
+    unreadable: list[dict[str, Any]] = []
+    # Work under way per (dataset, job), to tell a queued commit from a running one.
+    flight_state = {(f.get("dataset"), f.get("job")): str(f.get("state")) for f in in_flight}
     for row in rows:
         slot = assignment.slots[row["shard"]]
         row["owner"] = slot.owner
         row["moving_to"] = slot.moving_to
-        for raw in row.pop("_jobs").values():
-            meta = _meta_dec.decode(raw)
+        # Recorded by the shard's owner from the WAL it walked at its session start.
+        for field, reason in row.pop("_quarantined").items():
+            name, _, job = as_text(field).partition("/")
+            quarantined[(name, job)] = {"dataset": name, "job": job, "reason": as_text(reason)}
+        for field, raw in row.pop("_jobs").items():
+            try:
+                meta = _meta_dec.decode(raw)
+                if meta.v != STATE_VERSION:
+                    raise msgspec.ValidationError(
+                        f"state record version {meta.v}, this reads {STATE_VERSION}"
+                    )
+            except (msgspec.DecodeError, msgspec.ValidationError, UnicodeError) as exc:
+                # A record this version cannot read (see docs/queue.md): shown, not fatal;
+                # its shard is set aside and says so above.
+                unreadable.append(
+                    {
+                        "shard": row["shard"],
+                        "key": keys.shard_state(row["shard"], "jobs"),
+                        "field": as_text(field),
+                        "error": str(exc),
+                    }
+                )
+                continue
             open_jobs.append(
                 {
                     "job": meta.job,
@@ -108,8 +156,19 @@ async def fleet_status(
             )
             for name, ds in meta.datasets.items():
                 if ds.status in ("waiting", "committing", "aborting", "blocked"):
+                    state: str = ds.status
+                    if ds.status in ("committing", "aborting"):
+                        # running or retrying when its owner works on it, else queued for a slot
+                        state = flight_state.get((name, meta.job), "queued")
                     pending.append(
-                        {"dataset": name, "job": meta.job, "status": ds.status, "reason": ds.reason}
+                        {
+                            "dataset": name,
+                            "job": meta.job,
+                            "shard": row["shard"],
+                            "status": ds.status,
+                            "state": state,
+                            "reason": ds.reason,
+                        }
                     )
                 elif ds.status == "quarantined":
                     quarantined[(name, meta.job)] = {"dataset": name, "job": meta.job, "reason": ds.reason}
@@ -119,7 +178,18 @@ async def fleet_status(
                 quarantined.setdefault(
                     (u.dataset, u.job), {"dataset": u.dataset, "job": u.job, "reason": u.quarantined}
                 )
+    for row in rows:
+        mine = [p for p in pending if p["shard"] == row["shard"]]
+        row["open_jobs"] = sum(1 for j in open_jobs if j["shard"] == row["shard"])
+        row["waiting"] = sum(1 for p in mine if p["state"] == "waiting")
+        row["queued"] = sum(1 for p in mine if p["state"] in ("queued", "blocked"))
+        row["running"] = sum(1 for p in mine if p["state"] in ("running", "retrying"))
+        row["quarantined"] = sum(
+            1 for q in quarantined.values() if shard_of(q["dataset"], shards) == row["shard"]
+        )
     counters = {as_text(k): as_text(v) for k, v in counters_raw.items()}
+    for k, v in outcome_counts.items():
+        counters[as_text(k)] = str(int(counters.get(as_text(k), "0")) + int(v))
     return {
         "fleet": settings.fleet.name,
         "shards": shards,
@@ -131,6 +201,8 @@ async def fleet_status(
         "open_jobs": open_jobs,
         "pending": pending,
         "quarantined": sorted(quarantined.values(), key=lambda q: (q["dataset"], q["job"])),
+        "in_flight": in_flight,
+        "unreadable": unreadable,
         "counters": {k: (float(v) if "." in v else int(v)) for k, v in counters.items()},
         "at": time.time(),
     }

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import sys
+from types import TracebackType
 from typing import Any
 
 
@@ -22,4 +24,34 @@ async def cancel_until_done(task: asyncio.Future[Any], *, every_s: float = 0.2) 
         await asyncio.wait([task], timeout=every_s)
 
 
-__all__ = ["cancel_until_done"]
+class TaskGroup(asyncio.TaskGroup):  # noqa: TID251 - the one subclass
+    """``asyncio.TaskGroup`` that never leaves a cancel request on its parent task.
+
+    On Python 3.11 a child that fails while the group is already waiting in
+    ``__aexit__`` (the body has ended) makes the group cancel its parent task
+    and never take that request back (CPython gh-116720, fixed in 3.12): the
+    parent's ``cancelling()`` stays one too high. A lease or a timeout scope
+    later in the same task then reads that stray request as a cancellation
+    from outside and lets a ``CancelledError`` through where a ``LockLost`` or
+    a retry was due, and the work ends in silence. This subclass takes back
+    the request its own failure handling made; use it everywhere instead of
+    ``asyncio.TaskGroup`` (ruff's banned-api rule enforces that).
+    """
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if sys.version_info >= (3, 12):
+            await super().__aexit__(et, exc, tb)
+            return
+        # 3.11 internals, read-only here: whether the group's own cancel request
+        # was already made (then 3.11 takes it back itself) when the body ended.
+        requested_before = self._parent_cancel_requested  # type: ignore[attr-defined]
+        try:
+            await super().__aexit__(et, exc, tb)
+        finally:
+            if not requested_before and self._parent_cancel_requested:  # type: ignore[attr-defined]
+                self._parent_task.uncancel()  # type: ignore[attr-defined]
+
+
+__all__ = ["TaskGroup", "cancel_until_done"]

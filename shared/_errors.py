@@ -11,7 +11,8 @@ The tree is split by *cause*, because the cause decides what a caller does:
 - :class:`LockLost`: the lock that protected some work is gone; the work stops.
 - :class:`OutcomeUnknown`: a request may or may not have taken effect (timeout
   after sending). Re-read, never assume, never clean up on a guess.
-- :class:`BadInput`: a message, key or argument that can never succeed.
+- :class:`BadInput`: a message, key or argument that can never succeed
+  (:class:`LinkRefused`: a symbolic link met by the local-files store).
 - :class:`ConfigError`: a bad setting; the process stops at start.
 
 Adapters translate their SDK's exceptions into these at the boundary and
@@ -61,6 +62,14 @@ class BadInput(CommitfleetError):
     """Input that can never succeed: malformed message, unsafe path, bad argument."""
 
 
+class LinkRefused(BadInput):
+    """A symbolic link where the local store expected an object or a folder of a key.
+
+    The local-files store never follows a link (it could lead out of its root):
+    reading, writing, copying, deleting or listing through one is refused.
+    """
+
+
 class ConfigError(CommitfleetError):
     """A setting is missing or invalid; the process must stop at start."""
 
@@ -70,6 +79,7 @@ __all__ = [
     "CommitfleetError",
     "ConfigError",
     "Fenced",
+    "LinkRefused",
     "LockLost",
     "LockTimeout",
     "NotFound",

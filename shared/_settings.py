@@ -31,14 +31,19 @@ class _Section(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
 
 
 class FleetSettings(_Section, frozen=True):
-    """Fleet identity and shard count (fixed when the fleet is created)."""
+    """Fleet identity and shard count (fixed when the fleet is created).
+
+    ``shards`` 0 (the default) means "the fleet's own count", read from its
+    record in Redis when a process starts (a new fleet is created with 64);
+    a count set here must agree with the record.
+    """
 
     name: str = "default"
-    shards: int = 64
+    shards: int = 0
 
     def __post_init__(self) -> None:
-        if not 1 <= self.shards <= 16384:
-            raise ValueError("fleet.shards must be between 1 and 16384")
+        if not 0 <= self.shards <= 16384:
+            raise ValueError("fleet.shards must be between 1 and 16384 (or 0: the fleet's own count)")
         if not self.name or not self.name.replace("-", "").replace("_", "").isalnum():
             raise ValueError("fleet.name must be letters, digits, '-' or '_'")
 
@@ -75,10 +80,18 @@ class StoreSettings(_Section, frozen=True):
     # Chaos testing only: this fraction of store requests fails on purpose
     # (throttling, 5xx, lost replies). 0 = off. Never in production.
     chaos_fault_rate: float = 0.0
+    # Benchmarks only: delay each store request like a cloud store (lognormal with this
+    # median and 99th percentile, in ms; 0 = off). Never in production.
+    model_latency_ms: float = 0.0
+    model_latency_p99_ms: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.chaos_fault_rate < 1.0:
             raise ValueError("store.chaos_fault_rate must be in [0, 1)")
+        if self.model_latency_ms < 0 or (
+            self.model_latency_ms > 0 and self.model_latency_p99_ms < self.model_latency_ms
+        ):
+            raise ValueError("store.model_latency_ms must be >= 0 and model_latency_p99_ms at least as large")
         if self.url and not self.url.startswith(("file://", "s3://", "gs://", "az://")):
             raise ValueError("store.url must start with file://, s3://, gs:// or az://")
         if self.request_timeout <= 0:
@@ -145,11 +158,18 @@ class WorkerSettings(_Section, frozen=True):
     read_block_ms: int = 500
     max_inflight_datasets: int = 32
     drain_grace: float = 30.0
-    job_timeout: float = 3600.0
+    # Seconds a job's driver may stay silent (no liveness key seen) before the
+    # fleet aborts the job; for jobs that never announced their own timeout.
+    job_timeout: float = 300.0
+    # A hard limit on a job's life, counted from when its shard first heard of
+    # it, heartbeat or not (0 = none).
+    max_job_duration: float = 0.0
 
     def __post_init__(self) -> None:
         if self.heartbeat * 3 > self.lease:
             raise ValueError("worker.heartbeat must be at most a third of worker.lease")
+        if self.job_timeout <= 0 or self.max_job_duration < 0:
+            raise ValueError("worker.job_timeout must be > 0 and worker.max_job_duration >= 0")
         if self.read_batch < 1 or self.max_inflight_datasets < 1:
             raise ValueError("worker.read_batch and worker.max_inflight_datasets must be >= 1")
 
@@ -182,6 +202,30 @@ class AdminSettings(_Section, frozen=True):
     stream_maxlen: int = 100_000
 
 
+class QueueSettings(_Section, frozen=True):
+    """What the shard streams keep, and for how long (docs/queue.md, "What is kept").
+
+    Acknowledged entries are trimmed from the shard streams by the shard's
+    owner every ``trim_interval`` seconds (0 = never: the stream then grows
+    with history). Dead letters are capped by count and by age. A shard
+    remembers an ended job for ``ended_retention`` seconds, to drop (and clean
+    up after) late events of it.
+    """
+
+    trim_interval: float = 10.0
+    dead_letter_maxlen: int = 10_000
+    dead_letter_max_age: float = 14 * 86400.0
+    ended_retention: float = 7 * 86400.0
+
+    def __post_init__(self) -> None:
+        if self.trim_interval < 0:
+            raise ValueError("queue.trim_interval must be >= 0")
+        if self.dead_letter_maxlen < 1 or self.dead_letter_max_age <= 0:
+            raise ValueError("queue.dead_letter_maxlen must be >= 1 and queue.dead_letter_max_age > 0")
+        if self.ended_retention <= 0:
+            raise ValueError("queue.ended_retention must be > 0")
+
+
 class LogSettings(_Section, frozen=True):
     """Logging: level and format (``auto`` = JSON unless stderr is a terminal)."""
 
@@ -201,7 +245,12 @@ class Settings(_Section, frozen=True):
     coordinator: CoordinatorSettings = msgspec.field(default_factory=CoordinatorSettings)
     security: SecuritySettings = msgspec.field(default_factory=SecuritySettings)
     admin: AdminSettings = msgspec.field(default_factory=AdminSettings)
+    queue: QueueSettings = msgspec.field(default_factory=QueueSettings)
     log: LogSettings = msgspec.field(default_factory=LogSettings)
+
+    def with_shards(self, shards: int) -> Settings:
+        """Return a copy with ``fleet.shards`` set to ``shards`` (the fleet's resolved count)."""
+        return msgspec.structs.replace(self, fleet=msgspec.structs.replace(self.fleet, shards=shards))
 
 
 _SHORTCUTS = {"REDIS_URL": ("redis", "url"), "COMMITFLEET_STORE": ("store", "url")}
@@ -278,6 +327,7 @@ __all__ = [
     "FleetSettings",
     "LockSettings",
     "LogSettings",
+    "QueueSettings",
     "RedisSettings",
     "RetrySettings",
     "SecuritySettings",

@@ -13,6 +13,7 @@ from shared import Settings
 from shared.events import AdminEvent, ValidationLimits
 from shared.fleet import FleetRegistry
 from shared.queue import AdminPublisher, Keys, redis_errors
+from shared.queue._admin_stream import Outcome
 from shared.storage import ObjectStore
 
 
@@ -51,6 +52,23 @@ class WorkerContext:
     async def emit(self, ev: AdminEvent) -> None:
         """Publish an admin event (retried inside the publisher; informational)."""
         await self.admin.publish(ev)
+
+    async def emit_outcome(self, ev: AdminEvent, *, dataset: str, job: str, outcome: Outcome) -> bool:
+        """Publish the ``committed`` / ``aborted`` event of (dataset, job) unless it is on the stream already.
+
+        The marker, the entry and the exact count (``Keys.outcome_counts``)
+        are written by one script (:meth:`AdminPublisher.publish_outcome`), so
+        a worker that redoes or finds finished work after another one died
+        calls this again and exactly one event results.
+
+        Returns:
+            True when this call appended the event.
+
+        Raises:
+            TransientError: Redis stayed unreachable (the caller retries the
+                work; the marker keeps the retry from doubling the event).
+        """
+        return await self.admin.publish_outcome(ev, dataset=dataset, job=job, outcome=outcome)
 
     async def flush_counters(self) -> None:
         """Add the counters gathered since the last flush to ``cf:<fleet>:metrics``."""

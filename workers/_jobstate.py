@@ -31,6 +31,7 @@ from shared.events import (
     JobFinished,
     JobStarted,
     QueueEvent,
+    RejectReason,
     StagedFile,
     TaskFinished,
 )
@@ -43,9 +44,15 @@ TERMINAL: frozenset[str] = frozenset({"committed", "aborted"})
 COMMIT_OWNED: frozenset[str] = frozenset({"committing", "committed", "quarantined", "blocked"})
 
 
+STATE_VERSION = 1
+"""Version of the shard-state records (JobMeta, Attempt, Ended) this code reads and writes.
+A record with another version sets the shard aside (workers/_state_store.py)."""
+
+
 class Attempt(msgspec.Struct, frozen=True, kw_only=True):
     """One finished task attempt as recorded (``seq`` = arrival order on the shard)."""
 
+    v: int = STATE_VERSION
     task: int
     attempt: int
     files: list[StagedFile]
@@ -62,19 +69,30 @@ class DatasetState(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class JobMeta(msgspec.Struct, frozen=True, kw_only=True):
-    """One open job on this shard (persisted as one small JSON value)."""
+    """One open job on this shard (persisted as one small JSON value).
 
-    v: int = 1
+    ``deadline - opened_at`` is the job's timeout: how long its driver may
+    stay silent (:attr:`timeout_s`). The field keeps its old name (it was a
+    hard deadline once) so records stay readable across versions.
+    """
+
+    v: int = STATE_VERSION
     job: str
     opened_at: float
     deadline: float
     datasets: dict[str, DatasetState]
     app: str = ""
 
+    @property
+    def timeout_s(self) -> float:
+        """Seconds the job's driver may stay silent before the fleet aborts the job."""
+        return self.deadline - self.opened_at
+
 
 class Ended(msgspec.Struct, frozen=True, kw_only=True):
     """A job that has ended on this shard (kept to drop its late events)."""
 
+    v: int = STATE_VERSION
     status: str
     at: float
 
@@ -116,7 +134,10 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
     attempt record to store under ``(dataset, attempt)``; ``note`` says why
     nothing happened when the event was dropped (for logs and metrics);
     ``replayed`` marks a job-level event for a job that has already ended
-    (the driver sends each once: such a message goes to the dead letters).
+    (the driver sends each once: such a message goes to the dead letters);
+    ``reject`` names the reason of any other event the contract forbids (e.g.
+    ``inconsistent``: a second ``job_finished`` that contradicts the first),
+    which goes to the dead letters with ``note`` as its detail.
     """
 
     job: JobMeta | None = None
@@ -124,6 +145,7 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
     actions: tuple[Action, ...] = ()
     note: str = ""
     replayed: bool = False
+    reject: RejectReason | None = None
 
 
 def attempt_field(job: str, dataset: str, task: int, attempt: int) -> str:
@@ -213,17 +235,6 @@ class ShardJobs:
             return None
         return "committed" if states == {"committed"} else "aborted"
 
-    def expired(self, now: float) -> list[Abort]:
-        """Return the aborts for datasets of jobs past their deadline that no commit owns."""
-        out: list[Abort] = []
-        for meta in self.jobs.values():
-            if meta.deadline > now:
-                continue
-            for name, ds in meta.datasets.items():
-                if ds.status in ("open", "waiting"):
-                    out.append(Abort(job=meta.job, dataset=name, reason="timed out"))
-        return out
-
 
 def _open_job(job: str, datasets: list[str], now: float, timeout_s: float, app: str = "") -> JobMeta:
     return JobMeta(
@@ -245,9 +256,10 @@ def _with_datasets(meta: JobMeta, names: list[str]) -> JobMeta:
 def decide(state: ShardJobs, ev: QueueEvent, *, now: float, default_timeout: float) -> Decision:
     """Return what ``ev`` changes and triggers on this shard (pure).
 
-    The job's deadline is counted from when this shard first heard of it (our
-    clock, not the producer's), with the event's ``timeout_s`` or
-    ``default_timeout`` when the job was never announced.
+    A job's timeout (how long its driver may stay silent, see
+    ``workers._liveness``) is the event's ``timeout_s``, or
+    ``default_timeout`` when the job was never announced; its life is counted
+    from when this shard first heard of it (our clock, not the producer's).
     """
     ended = state.ended.get(ev.job)
     if isinstance(ev, TaskFinished):
@@ -311,13 +323,33 @@ def _complete(exp: DatasetExpectation, tasks: dict[int, dict[int, Attempt]]) -> 
 def _job_finished(
     state: ShardJobs, ev: JobFinished, meta: JobMeta | None, *, now: float, default_timeout: float
 ) -> Decision:
+    """The job succeeded: commit each dataset whose tasks are all in, wait for the others.
+
+    A dataset already named by an earlier ``job_finished`` keeps that one's
+    expectation: an identical repeat (a publisher's retry) changes nothing,
+    a different one (other winners or task count) is ``inconsistent`` and
+    the whole event is rejected. So is a ``job_finished`` for a dataset the
+    job was already aborted for (failed, cancelled or timed out): the abort stands.
+    """
     meta = _with_datasets(meta or _open_job(ev.job, [], now, default_timeout), list(ev.datasets))
     datasets = dict(meta.datasets)
     actions: list[Action] = []
     for name, exp in ev.datasets.items():
         ds = datasets[name]
-        if ds.status not in ("open", "waiting"):
-            continue  # already decided (duplicate JobFinished, or an abort came first)
+        if ds.expected is not None:
+            if ds.expected != exp:
+                return Decision(
+                    reject="inconsistent",
+                    note=f"job_finished of {ev.job} expects {_shown(exp)} for {name!r}, an earlier one"
+                    f" {_shown(ds.expected)}: the first stands",
+                )
+            continue  # the same expectation again: a repeated delivery
+        if ds.status in ("aborting", "aborted"):
+            return Decision(
+                reject="inconsistent",
+                note=f"job_finished of {ev.job} came after {name!r} was aborted ({ds.reason}):"
+                " the abort stands",
+            )
         tasks = state.attempts.get((ev.job, name), {})
         if _complete(exp, tasks):
             datasets[name] = DatasetState(status="committing", expected=exp)
@@ -325,7 +357,13 @@ def _job_finished(
         else:
             datasets[name] = DatasetState(status="waiting", expected=exp)
     new = msgspec.structs.replace(meta, datasets=datasets)
-    return Decision(job=new, actions=tuple(actions), note="" if new != meta else "duplicate finish")
+    if new == meta:
+        return Decision(note="duplicate finish")
+    return Decision(job=new, actions=tuple(actions))
+
+
+def _shown(exp: DatasetExpectation) -> str:
+    return f"tasks={exp.tasks} winners={exp.winners}" if exp.winners is not None else f"tasks={exp.tasks}"
 
 
 def _job_aborted(

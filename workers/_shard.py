@@ -32,106 +32,49 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import Literal
-
-import msgspec
+from typing import Any
 
 from shared import (
-    BadInput,
     CommitfleetError,
     Fenced,
     LockLost,
     LockTimeout,
-    NotFound,
     OutcomeUnknown,
     TransientError,
 )
 from shared._aio import cancel_until_done
 from shared._logging import kv
 from shared.commit import (
-    CommitRequest,
-    CommitResult,
-    CommitStepFailed,
-    WinningAttempt,
-    abort_dataset,
-    cleanup_staged_attempt,
-    commit_dataset,
     list_unfinished,
-    recover_dataset,
-    retry_quarantined,
-    skip_quarantined,
 )
 from shared.events import (
-    Aborted,
-    CommitStarted,
-    Committed,
-    InvalidMessage,
     JobTimedOut,
-    LockTakenOver,
-    MessageRejected,
-    OperatorAction,
-    Quarantined,
-    QueueEvent,
-    RecoveryDone,
-    decode_entry,
-    event_datasets,
-    lock_name,
-    restrict_to,
 )
-from shared.locks import HeldLease, StorageLock
+from shared.fleet import ReportingTaskGroup
 from shared.queue import Entry, ShardConsumer, as_text, redis_errors, shard_of
 
+from ._actions import ActionsMixin, Operate, Recover, Work, work_key
+from ._aside import load_or_set_aside
 from ._context import WorkerContext
+from ._ds_locks import DatasetLocks
+from ._housekeeping import record_quarantined, trim_shard
+from ._inflight import InFlight, InFlightBoard, WorkState, work_label
+from ._intake import IntakeMixin
 from ._jobstate import (
     Abort,
-    Action,
-    CleanupAttempt,
     Commit,
     ShardJobs,
-    Status,
-    decide,
 )
-from ._state_store import Batch, ShardStateStore, attempt_fields
+from ._liveness import assume_alive, live_jobs, observe, timed_out
+from ._state_store import Batch, ShardStateStore
 
 log = logging.getLogger("workers.shard")
 
-# Ended jobs are remembered this long, to drop (and clean up after) late events.
-ENDED_RETENTION_S = 7 * 86400
 # How often the runner looks at timeouts, operator requests and retention.
 TICK_S = 1.0
 
 
-class Recover(msgspec.Struct, frozen=True, kw_only=True):
-    """Finish an unfinished commit sequence found in ``_wal/`` (no job state needed)."""
-
-    dataset: str
-
-
-class Operate(msgspec.Struct, frozen=True, kw_only=True):
-    """An operator's ``retry`` or ``skip`` of a quarantined sequence (``op`` as requested)."""
-
-    dataset: str
-    job: str
-    op: str
-
-
-Work = Action | Recover | Operate
-
-
-def _work_key(w: Work) -> tuple[object, ...]:
-    if isinstance(w, CleanupAttempt):
-        return ("cleanup", w.job, w.dataset, w.task, w.attempt)
-    if isinstance(w, Recover):
-        return ("recover", w.dataset)
-    return (type(w).__name__, w.job, w.dataset)
-
-
-def _dataset_of(w: Work) -> str:
-    return w.dataset
-
-
-class ShardRunner:
+class ShardRunner(IntakeMixin, ActionsMixin):
     """Runs one shard for as long as the worker owns it (see the module doc)."""
 
     def __init__(self, ctx: WorkerContext, shard: int) -> None:
@@ -141,12 +84,19 @@ class ShardRunner:
         self.state = ShardJobs()
         self.store: ShardStateStore | None = None
         self._running: set[tuple[object, ...]] = set()
-        self._ds_locks: dict[str, asyncio.Lock] = {}
+        self._ds_locks = DatasetLocks()
         self._save_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
         self._last_tick = 0.0
+        self._last_trim = 0.0
+        self._seen: dict[str, float] = {}  # job -> when its liveness key was last seen
+        # Dead letters keep any entry that was not oversized whole (docs/queue.md).
         self._consumer = ShardConsumer(
-            ctx.redis, ctx.keys, shard, consumer=ctx.worker_id, max_copy_bytes=64 * 1024
+            ctx.redis,
+            ctx.keys,
+            shard,
+            consumer=ctx.worker_id,
+            max_copy_bytes=ctx.settings.security.max_message_bytes,
         )
 
     def request_stop(self) -> None:
@@ -166,7 +116,8 @@ class ShardRunner:
         """
         delay = 0.1
         try:
-            async with asyncio.TaskGroup() as tg:
+            # A bug in the session or in an action is reported to the process at once.
+            async with ReportingTaskGroup(f"shard {self.shard}") as tg:
                 self._tg = tg
                 while not self.stopping.is_set():
                     try:
@@ -202,7 +153,11 @@ class ShardRunner:
         if token is None or not token.decode().startswith(f"{ctx.worker_id}@"):
             raise Fenced(f"shard {self.shard} owner token is {token!r}, not ours")
         self.store = ShardStateStore(ctx.redis, ctx.keys, self.shard, token)
-        self.state = await self.store.load()
+        state = await load_or_set_aside(ctx, self.store, self.stopping)  # waits while unreadable
+        if state is None:
+            return
+        self.state = state
+        await self._board().keep_only({work_label(k) for k in self._running})
         await self._consumer.ensure_group()
         await self._claim_others(forget_idle=True)
         await self._resume_work()
@@ -250,107 +205,66 @@ class ShardRunner:
             await self.ctx.inflight.acquire()
             self.ctx.inflight.release()
 
-    # -- intake -------------------------------------------------------------------------
-
-    def _mine(self, ev: QueueEvent) -> QueueEvent:
-        """Return ``ev`` restricted to this shard's datasets; raise InvalidMessage if none."""
-        shards = self.ctx.settings.fleet.shards
-        names = event_datasets(ev)
-        mine = {d for d in names if shard_of(d, shards) == self.shard}
-        if not mine:
-            where = sorted({shard_of(d, shards) for d in names})
-            raise InvalidMessage(
-                "inconsistent", f"datasets {names} belong to shards {where}, not {self.shard}"
-            )
-        return ev if len(mine) == len(names) else restrict_to(ev, mine)
-
-    async def _process(self, entries: list[Entry]) -> None:
-        ctx = self.ctx
-        now = time.time()
-        batch = Batch()
-        todo: list[Action] = []
-        rejected = 0
-        for entry in entries:
-            if entry.deleted:
-                # Trimmed while pending: nothing left to read.
-                await self._reject(entry, InvalidMessage("schema", "entry was trimmed from the stream"))
-                rejected += 1
-                continue
-            try:
-                ev = self._mine(decode_entry(entry.fields, limits=ctx.limits))
-            except InvalidMessage as exc:
-                await self._reject(entry, exc)
-                rejected += 1
-                continue
-            d = decide(self.state, ev, now=now, default_timeout=ctx.settings.worker.job_timeout)
-            if d.replayed:
-                await self._reject(entry, InvalidMessage("replayed", d.note))
-                rejected += 1
-                continue
-            self.state.apply(d)
-            if d.job is not None:
-                batch.jobs.add(d.job.job)
-            if d.attempt is not None and d.job is not None:
-                ds, rec = d.attempt
-                batch.attempts[(d.job.job, ds, rec.task, rec.attempt)] = rec
-            todo.extend(d.actions)
-            batch.ack.append(entry.id)
-        await self._save(batch)
-        ctx.counters.add("intake", len(entries))
-        if rejected:
-            ctx.counters.add("rejected", rejected)
-        for action in todo:
-            await self._schedule(action)
-
-    async def _reject(self, entry: Entry, exc: InvalidMessage) -> None:
-        dead_id = await self._consumer.dead_letter(entry, exc.reason, exc.detail)
-        log.warning(
-            "message rejected",
-            extra=kv(shard=self.shard, id=entry.id.decode(), reason=exc.reason, detail=exc.detail),
-        )
-        if dead_id is not None:
-            await self.ctx.emit(
-                MessageRejected(
-                    at=time.time(),
-                    worker=self.ctx.worker_id,
-                    shard=self.shard,
-                    reason=exc.reason,
-                    detail=exc.detail[:500],
-                    stream_id=entry.id.decode(),
-                )
-            )
-
-    async def _save(self, batch: Batch) -> None:
-        assert self.store is not None
-        async with self._save_lock:
-            await self.store.save(batch, self.state)
-
     # -- background checks ----------------------------------------------------------------
 
     async def _tick(self) -> None:
         claimed = await self._claim_others()
         if claimed:
             await self._process(claimed)
-        now = time.time()
-        for abort in self.state.expired(now):
-            meta = self.state.set_status(abort.job, abort.dataset, "aborting", abort.reason)
-            if meta is None:
-                continue
-            self.state.jobs[abort.job] = meta
-            await self._save(Batch(jobs={abort.job}))
-            await self.ctx.emit(
-                JobTimedOut(at=now, worker=self.ctx.worker_id, job=abort.job, datasets=[abort.dataset])
-            )
-            await self._schedule(abort)
+        await self._check_liveness()
         for op in await self._operator_requests():
             await self._schedule(op)
-        old = [job for job, e in self.state.ended.items() if e.at < now - ENDED_RETENTION_S]
+        q = self.ctx.settings.queue
+        now = time.time()
+        old = [job for job, e in self.state.ended.items() if e.at < now - q.ended_retention]
         if old:
             assert self.store is not None
             await self.store.forget_ended(old)
             for job in old:
                 del self.state.ended[job]
+        if q.trim_interval and time.monotonic() - self._last_trim >= q.trim_interval:
+            self._last_trim = time.monotonic()
+            await trim_shard(self.ctx, self.shard, now)
         await self.ctx.flush_counters()
+
+    async def _check_liveness(self) -> None:
+        """Abort the jobs whose driver went silent for their timeout (or that ran too long).
+
+        One MGET of the liveness keys of every open job of the shard per
+        tick; one ``job_timed_out`` per job (its datasets here, the timeout
+        that applied), then one abort per dataset.
+        """
+        jobs = live_jobs(self.state)
+        alive: set[str] = set()
+        if jobs:
+            keys = [self.ctx.keys.job_alive(self.shard, job) for job in jobs]
+            with redis_errors("MGET liveness"):
+                values = await self.ctx.redis.mget(keys)
+            alive = {job for job, value in zip(jobs, values, strict=True) if value is not None}
+        now = time.time()
+        self._seen = observe(self._seen, jobs, alive, now)
+        max_duration = self.ctx.settings.worker.max_job_duration
+        for out in timed_out(self.state, self._seen, now, max_duration=max_duration):
+            for abort in out.aborts():
+                meta = self.state.set_status(abort.job, abort.dataset, "aborting", abort.reason)
+                if meta is not None:
+                    self.state.jobs[abort.job] = meta
+            await self._save(Batch(jobs={out.job}))
+            log.warning(
+                "job timed out",
+                extra=kv(shard=self.shard, job=out.job, datasets=list(out.datasets), reason=out.reason),
+            )
+            await self.ctx.emit(
+                JobTimedOut(
+                    at=now,
+                    worker=self.ctx.worker_id,
+                    job=out.job,
+                    datasets=list(out.datasets),
+                    timeout_s=out.timeout_s,
+                )
+            )
+            for abort in out.aborts():
+                await self._schedule(abort)
 
     async def _operator_requests(self) -> list[Operate]:
         key = self.ctx.keys.shard_state(self.shard, "operator")
@@ -363,7 +277,14 @@ class ShardRunner:
         return out
 
     async def _resume_work(self) -> None:
-        """Re-schedule what was under way when the shard last changed hands."""
+        """Re-schedule what was under way when the shard last changed hands.
+
+        Also restarts every open job's liveness clock: at a session start the
+        worker cannot tell a dead driver from a liveness key it could not see
+        (owner change, worker restart, Redis restart), so each job gets a full
+        timeout from now (``_jobstate.assume_alive``).
+        """
+        self._seen = assume_alive(self.state.jobs, time.time())
         for meta in list(self.state.jobs.values()):
             for name, ds in meta.datasets.items():
                 if ds.status in ("committing", "blocked"):
@@ -378,8 +299,13 @@ class ShardRunner:
             if ds.status in ("committing", "blocked")
         }
         seen: set[str] = set()
-        for seq in await list_unfinished(self.ctx.store):
-            if shard_of(seq.dataset, shards) != self.shard or seq.dataset in seen:
+        everything = await list_unfinished(self.ctx.store)
+        unfinished = [u for u in everything if shard_of(u.dataset, shards) == self.shard]
+        await record_quarantined(
+            self.ctx, self.shard, {f"{q.dataset}/{q.job}": q.quarantined or "" for q in unfinished}
+        )
+        for seq in unfinished:
+            if seq.dataset in seen:
                 continue
             if (seq.dataset, seq.job) in tracked or seq.quarantined is not None:
                 continue
@@ -389,34 +315,80 @@ class ShardRunner:
     # -- actions --------------------------------------------------------------------------
 
     async def _schedule(self, work: Work) -> None:
-        key = _work_key(work)
+        key = work_key(work)
         if key in self._running:
             return
+        since = time.time()
+        if self.ctx.inflight.locked():
+            # Every worker-wide slot is taken: show that this work waits for one.
+            await self._board().put(work_label(key), self._flight(work, key, since, "queued"))
         await self.ctx.inflight.acquire()
         self._running.add(key)
-        task = self._tg.create_task(self._run_work(work, key))
+        task = self._tg.create_task(self._run_work(work, key, since))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _run_work(self, work: Work, key: tuple[object, ...]) -> None:
+    def _board(self) -> InFlightBoard:
+        return InFlightBoard(self.ctx.redis, self.ctx.keys, self.shard)
+
+    def _flight(
+        self, work: Work, key: tuple[object, ...], since: float, state: WorkState, **kw: Any
+    ) -> InFlight:
+        return InFlight(
+            work=str(key[0]).lower(),
+            dataset=work.dataset,
+            job=getattr(work, "job", ""),
+            worker=self.ctx.worker_id,
+            state=state,
+            since=since,
+            state_since=time.time(),
+            **kw,
+        )
+
+    async def _run_work(self, work: Work, key: tuple[object, ...], since: float) -> None:
+        """Run ``work`` (one at a time per dataset), keeping the shard's in-flight board up to date."""
+        label = work_label(key)
         try:
-            lock = self._ds_locks.setdefault(_dataset_of(work), asyncio.Lock())
-            async with lock:
-                await self._retrying(work)
+            if self._ds_locks.busy(work.dataset):
+                await self._board().put(label, self._flight(work, key, since, "queued"))
+            async with self._ds_locks.hold(work.dataset):
+                await self._retrying(work, key, since)
+            await self._board().drop(label)
         finally:
             self._running.discard(key)
             self.ctx.inflight.release()
 
-    async def _retrying(self, work: Work) -> None:
-        """Run ``work`` until it is done, the shard stops, or another worker owns the shard."""
+    async def _retrying(self, work: Work, key: tuple[object, ...], since: float) -> None:
+        """Run ``work`` until it is done, the shard stops, or another worker owns the shard.
+
+        Every way an attempt can end early leads to another attempt (after a
+        backoff up to 30 s) unless the shard is stopping: our errors, a lost
+        lock, and also a CancelledError that nobody asked for (the task has no
+        cancellation request pending and the shard is not stopping; Python
+        3.11 can surface one after a TaskGroup inside the work lost a child):
+        such work used to end silently and leave its dataset in flight on a
+        live owner for good.
+
+        Raises:
+            Fenced: another worker owns the shard.
+            CancelledError: the runner is being cancelled (drain or shutdown).
+        """
         delay = 0.2
+        attempts = 0
+        error = ""
+        label = work_label(key)
+        board = self._board()
         while True:
+            attempts += 1
+            running = self._flight(work, key, since, "running", attempts=attempts, last_error=error[:500])
+            await board.put(label, running)
             try:
                 await self._do(work)
                 return
             except Fenced:
                 raise
             except (TransientError, LockTimeout, LockLost, OutcomeUnknown) as exc:
+                error = f"{type(exc).__name__}: {exc}"
                 if self.stopping.is_set():
                     log.info("leaving work to the next owner", extra=kv(work=repr(work), error=str(exc)))
                     return
@@ -424,251 +396,35 @@ class ShardRunner:
             except CommitfleetError as exc:
                 # Not expected here (the commit core quarantines what keeps
                 # failing); keep the dataset waiting, never stop the shard.
+                error = f"{type(exc).__name__}: {exc}"
                 log.exception("work failed, retrying later", extra=kv(work=repr(work), error=repr(exc)))
                 delay = max(delay, 5.0)
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if self.stopping.is_set() or task is None or task.cancelling() > 0:
+                    raise
+                error = "CancelledError that nobody requested"
+                log.exception(
+                    "work ended by a cancellation nobody requested; retrying", extra=kv(work=repr(work))
+                )
             if self.stopping.is_set():
                 return
+            retry_at = time.time() + delay
+            await board.put(
+                label,
+                self._flight(
+                    work,
+                    key,
+                    since,
+                    "retrying",
+                    attempts=attempts,
+                    last_error=error[:500],
+                    next_attempt_at=retry_at,
+                ),
+            )
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stopping.wait(), delay)
             delay = min(delay * 2, 30.0)
-
-    async def _locked(self, dataset: str, body: Callable[[HeldLease], Awaitable[None]]) -> None:
-        ctx = self.ctx
-        lock = StorageLock(ctx.store, lock_name(dataset), owner=ctx.worker_id, settings=ctx.settings.lock)
-        async with lock.hold() as lease:
-            if lease.took_over_from is not None:
-                ctx.counters.add("lock_takeovers")
-                await ctx.emit(
-                    LockTakenOver(
-                        at=time.time(),
-                        worker=ctx.worker_id,
-                        dataset=dataset,
-                        previous_owner=lease.took_over_from,
-                        epoch=lease.epoch,
-                    )
-                )
-            await body(lease)
-
-    async def _do(self, work: Work) -> None:
-        if isinstance(work, Commit):
-            await self._commit(work)
-        elif isinstance(work, Abort):
-            await self._abort(work)
-        elif isinstance(work, CleanupAttempt):
-            await cleanup_staged_attempt(
-                self.ctx.store, work.job, work.dataset, work.task, work.attempt, settings=self.ctx.settings
-            )
-        elif isinstance(work, Recover):
-            await self._recover(work)
-        else:
-            await self._operate(work)
-
-    async def _commit(self, work: Commit) -> None:
-        ctx = self.ctx
-        winners = self.state.winners(work.job, work.dataset)
-        if winners is None:
-            log.error("commit scheduled without a complete set of winners", extra=kv(work=repr(work)))
-            return
-        req = CommitRequest(
-            dataset=work.dataset,
-            job=work.job,
-            winners=[
-                WinningAttempt(task=a.task, attempt=a.attempt, files=a.files, watermarks=a.watermarks)
-                for a in winners
-            ],
-            expected_tasks=len(winners),
-        )
-        files = sum(len(a.files) for a in winners)
-        size = sum(f.size for a in winners for f in a.files)
-
-        async def body(lease: HeldLease) -> None:
-            await ctx.emit(
-                CommitStarted(
-                    at=time.time(),
-                    worker=ctx.worker_id,
-                    dataset=work.dataset,
-                    job=work.job,
-                    files=files,
-                    bytes=size,
-                    epoch=lease.epoch,
-                )
-            )
-            result = await commit_dataset(ctx.store, req, lease, ctx.settings)
-            await self._after_commit(result, lease.epoch)
-
-        await self._locked(work.dataset, body)
-
-    async def _after_commit(self, result: CommitResult, epoch: int) -> None:
-        ctx = self.ctx
-        status: Status
-        reason = result.quarantined or ""
-        if result.status == "committed":
-            status = "committed"
-            ctx.counters.add("committed")
-            if not result.already_committed:
-                await ctx.emit(
-                    Committed(
-                        at=time.time(),
-                        worker=ctx.worker_id,
-                        dataset=result.dataset,
-                        job=result.job,
-                        files=result.files,
-                        bytes=result.bytes,
-                        duration_s=result.duration,
-                        epoch=epoch,
-                        phases=result.phase_seconds,
-                    )
-                )
-        elif result.status == "quarantined":
-            status = "quarantined"
-            ctx.counters.add("quarantined")
-            log.error(
-                "commit sequence quarantined: the dataset waits for an operator (retry or skip)",
-                extra=kv(dataset=result.dataset, job=result.job, reason=reason),
-            )
-            await ctx.emit(
-                Quarantined(
-                    at=time.time(),
-                    worker=ctx.worker_id,
-                    dataset=result.dataset,
-                    job=result.job,
-                    reason=reason,
-                    attempts=result.attempts,
-                )
-            )
-        elif result.blocked_by == result.job:
-            # This very sequence was quarantined before (a replay after a
-            # restart): it stays quarantined, and was announced back then.
-            status = "quarantined"
-        else:
-            status = "blocked"
-            reason = f"blocked by quarantined job {result.blocked_by}: {reason}"
-            log.warning("commit blocked", extra=kv(dataset=result.dataset, job=result.job, reason=reason))
-        if result.recovered:
-            await ctx.emit(
-                RecoveryDone(
-                    at=time.time(),
-                    worker=ctx.worker_id,
-                    dataset=result.dataset,
-                    job=result.job,
-                    steps_redone=result.steps_redone,
-                    duration_s=result.duration,
-                )
-            )
-        await self._set_status(result.job, result.dataset, status, reason)
-
-    async def _abort(self, work: Abort) -> None:
-        ctx = self.ctx
-        commit_wins = False
-
-        async def body(lease: HeldLease) -> None:
-            nonlocal commit_wins
-            result = await abort_dataset(ctx.store, work.dataset, work.job, lease, ctx.settings)
-            if result.status == "commit_in_progress":
-                # A commit that has written its WAL wins over the abort.
-                await self._set_status(work.job, work.dataset, "committing")
-                commit_wins = True
-                return
-            if result.status == "already_committed":
-                await self._set_status(work.job, work.dataset, "committed")
-                return
-            ctx.counters.add("aborted")
-            await ctx.emit(
-                Aborted(
-                    at=time.time(),
-                    worker=ctx.worker_id,
-                    dataset=work.dataset,
-                    job=work.job,
-                    reason=work.reason,
-                    files_deleted=result.files_deleted,
-                )
-            )
-            await self._set_status(work.job, work.dataset, "aborted", work.reason)
-
-        await self._locked(work.dataset, body)
-        if commit_wins:
-            await self._commit(Commit(job=work.job, dataset=work.dataset))
-
-    async def _recover(self, work: Recover) -> None:
-        ctx = self.ctx
-
-        async def body(lease: HeldLease) -> None:
-            recovery = await recover_dataset(ctx.store, work.dataset, lease, ctx.settings)
-            for result in recovery.results:
-                await self._after_commit(result, lease.epoch)
-            if recovery.blocked_by is not None:
-                log.warning(
-                    "dataset blocked by a quarantined sequence",
-                    extra=kv(dataset=work.dataset, job=recovery.blocked_by, reason=recovery.reason),
-                )
-
-        await self._locked(work.dataset, body)
-
-    async def _operate(self, work: Operate) -> None:
-        ctx = self.ctx
-        key = ctx.keys.shard_state(self.shard, "operator")
-
-        async def body(lease: HeldLease) -> None:
-            action: Literal["retry", "skip"]
-            if work.op == "retry":
-                action = "retry"
-                result = await retry_quarantined(ctx.store, work.dataset, work.job, lease, ctx.settings)
-                await self._after_commit(result, lease.epoch)
-            else:
-                action = "skip"
-                await skip_quarantined(ctx.store, work.dataset, work.job, lease, ctx.settings)
-                await self._set_status(work.job, work.dataset, "aborted", "skipped by operator")
-            await ctx.emit(
-                OperatorAction(
-                    at=time.time(), worker=ctx.worker_id, dataset=work.dataset, job=work.job, action=action
-                )
-            )
-
-        if work.op in ("retry", "skip"):
-            try:
-                await self._locked(work.dataset, body)
-            except (BadInput, NotFound, CommitStepFailed) as exc:
-                # The request cannot apply (and never will): say so once, drop it.
-                log.warning(
-                    "operator request refused",
-                    extra=kv(op=work.op, dataset=work.dataset, job=work.job, reason=str(exc)),
-                )
-                await ctx.emit(
-                    OperatorAction(
-                        at=time.time(),
-                        worker=ctx.worker_id,
-                        dataset=work.dataset,
-                        job=work.job,
-                        action="retry" if work.op == "retry" else "skip",
-                        outcome="refused",
-                        detail=str(exc)[:500],
-                    )
-                )
-        else:
-            log.error("unknown operator request", extra=kv(op=work.op, dataset=work.dataset))
-        with redis_errors("HDEL operator request"):
-            await ctx.redis.hdel(key, f"{work.dataset}/{work.job}")
-        # A dataset blocked behind the quarantined sequence can go on now (in
-        # this task: it already holds an in-flight slot and the dataset's turn).
-        for meta in list(self.state.jobs.values()):
-            ds = meta.datasets.get(work.dataset)
-            if ds is not None and ds.status == "blocked":
-                await self._commit(Commit(job=meta.job, dataset=work.dataset))
-
-    async def _set_status(self, job: str, dataset: str, status: Status, reason: str = "") -> None:
-        """Record a dataset's new status durably; end the job when all its datasets are done."""
-        meta = self.state.set_status(job, dataset, status, reason)
-        if meta is None:
-            return
-        self.state.jobs[job] = meta
-        batch = Batch(jobs={job})
-        done = self.state.job_done(job)
-        if done is not None:
-            batch.drop_attempts.extend(attempt_fields(self.state, job))
-            self.state.end_job(job, done, time.time())
-            batch.jobs.discard(job)
-            batch.ended.add(job)
-        await self._save(batch)
 
 
 __all__ = ["ShardRunner"]

@@ -6,6 +6,12 @@ Keys (all in the shard's slot, see :class:`shared.queue.Keys`)::
     ...:{s<n>}:state:jobs      hash job -> JobMeta JSON (open jobs)
     ...:{s<n>}:state:attempts  hash "<job>/<dataset>/<task>/<attempt>" -> Attempt JSON
     ...:{s<n>}:state:ended     hash job -> Ended JSON (ended jobs, to drop late events)
+    ...:{s<n>}:result:<job>    hash dataset -> DatasetResult JSON (what the job's driver waits for)
+    ...:{s<n>}:state:aside     hash: why the shard is set aside (only while it is)
+
+Every record carries ``v`` (:data:`STATE_VERSION`); one that does not decode,
+or has another version, makes :meth:`ShardStateStore.load` raise
+:class:`ShardStateUnreadable`, and the shard is set aside (``_aside.py``).
 
 Every write is one MULTI/EXEC under WATCH of the owner token, together with
 the XACK of the messages it accounts for: a message is acknowledged exactly
@@ -17,20 +23,47 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import msgspec
 import redis.asyncio
 import redis.exceptions as rx
 
-from shared import Fenced
-from shared.queue import DEFAULT_GROUP, Keys, as_text, redis_errors
+from shared import BadInput, Fenced
+from shared.queue import (
+    DEFAULT_GROUP,
+    RESULT_RETENTION_S,
+    DatasetResult,
+    Keys,
+    as_text,
+    encode_result,
+    redis_errors,
+)
 
-from ._jobstate import Attempt, Ended, JobMeta, ShardJobs, attempt_field
+from ._jobstate import STATE_VERSION, Attempt, Ended, JobMeta, ShardJobs, attempt_field
+
+_R = TypeVar("_R", JobMeta, Attempt, Ended)
 
 _meta_dec = msgspec.json.Decoder(JobMeta)
 _attempt_dec = msgspec.json.Decoder(Attempt)
 _ended_dec = msgspec.json.Decoder(Ended)
 _enc = msgspec.json.Encoder()
+
+
+class ShardStateUnreadable(BadInput):
+    """A record of the shard's state in Redis does not decode, or has an unknown version
+    (written by another version of commitfleet, or edited by hand).
+
+    The shard cannot run on a guess: it is set aside until an operator fixes
+    or deletes the record (docs/queue.md). ``key`` and ``field`` name it.
+    """
+
+    def __init__(self, shard: int, key: str, field: bytes | str, reason: str) -> None:
+        self.shard = shard
+        self.key = key
+        self.field = as_text(field)
+        self.reason = reason[:500]
+        super().__init__(f"shard {shard}: {key} field {self.field!r}: {self.reason}")
 
 
 @dataclass(slots=True)
@@ -45,10 +78,14 @@ class Batch:
     ended: set[str] = field(default_factory=set)
     drop_attempts: list[str] = field(default_factory=list)
     ack: list[bytes] = field(default_factory=list)
+    # (job, dataset) -> the outcome its driver reads (written with the status change)
+    results: dict[tuple[str, str], DatasetResult] = field(default_factory=dict)
 
     def empty(self) -> bool:
         """Return True when there is nothing to write or acknowledge."""
-        return not (self.jobs or self.attempts or self.ended or self.drop_attempts or self.ack)
+        return not (
+            self.jobs or self.attempts or self.ended or self.drop_attempts or self.ack or self.results
+        )
 
 
 class ShardStateStore:
@@ -76,22 +113,50 @@ class ShardStateStore:
         """Return the shard's persisted state (open jobs, their attempts, ended jobs).
 
         Raises:
+            ShardStateUnreadable: a record does not decode, or has a version
+                this code does not read (the shard must be set aside).
             TransientError: Redis unavailable.
         """
-        with redis_errors("load shard state"):
-            jobs = await self._r.hgetall(self._jobs)
-            attempts = await self._r.hgetall(self._attempts)
-            ended = await self._r.hgetall(self._ended)
+        jobs = await self._hash(self._jobs)
+        attempts = await self._hash(self._attempts)
+        ended = await self._hash(self._ended)
         state = ShardJobs()
-        for raw in jobs.values():
-            meta = _meta_dec.decode(raw)
+        for name, raw in jobs.items():
+            meta = self._decode(_meta_dec, self._jobs, name, raw)
             state.jobs[meta.job] = meta
         for key, raw in attempts.items():
-            job, dataset, _task, _attempt = as_text(key).split("/")
-            state.load_attempt(job, dataset, _attempt_dec.decode(raw))
+            parts = as_text(key).split("/")
+            if len(parts) != 4:
+                raise ShardStateUnreadable(
+                    self.shard, self._attempts, key, "field is not <job>/<dataset>/<task>/<attempt>"
+                )
+            state.load_attempt(parts[0], parts[1], self._decode(_attempt_dec, self._attempts, key, raw))
         for name, raw in ended.items():
-            state.ended[as_text(name)] = _ended_dec.decode(raw)
+            state.ended[as_text(name)] = self._decode(_ended_dec, self._ended, name, raw)
         return state
+
+    async def _hash(self, key: str) -> dict[bytes | str, bytes | str]:
+        with redis_errors("load shard state"):
+            try:
+                return dict(await self._r.hgetall(key))
+            except rx.ResponseError as exc:
+                if not str(exc).startswith("WRONGTYPE"):
+                    raise
+        # Outside redis_errors, which would make it a ConfigError (a process-level stop).
+        raise ShardStateUnreadable(self.shard, key, "", "the key is not a hash (WRONGTYPE)")
+
+    def _decode(
+        self, decoder: msgspec.json.Decoder[_R], key: str, field: bytes | str, raw: bytes | str
+    ) -> _R:
+        try:
+            rec = decoder.decode(raw)
+        except (msgspec.DecodeError, UnicodeError, RecursionError) as exc:
+            raise ShardStateUnreadable(self.shard, key, field, f"does not decode: {exc}") from None
+        if rec.v != STATE_VERSION:
+            raise ShardStateUnreadable(
+                self.shard, key, field, f"record version {rec.v}, this worker reads v{STATE_VERSION}"
+            )
+        return rec
 
     async def save(self, batch: Batch, state: ShardJobs) -> None:
         """Write ``batch`` (job metadata as ``state`` has it now) and acknowledge its
@@ -129,6 +194,10 @@ class ShardStateStore:
                         pipe.hdel(self._attempts, *batch.drop_attempts)
                     if batch.ack:
                         pipe.xack(self._stream, DEFAULT_GROUP, *batch.ack)
+                    for (job, dataset), result in batch.results.items():
+                        key = self._keys.job_result(self.shard, job)
+                        pipe.hset(key, dataset, encode_result(result))
+                        pipe.expire(key, RESULT_RETENTION_S)
                     await pipe.execute()
                 except rx.WatchError:
                     raise Fenced(f"shard {self.shard} changed owner during a write") from None

@@ -1,5 +1,10 @@
 """The worker process: membership, following the assignment, running owned shards.
 
+Start: while Redis cannot be reached the worker waits and tries again with a
+capped, jittered backoff, logging each wait (SIGTERM ends the wait at once,
+exit 0). The shard count comes from the fleet's record in Redis; a
+``fleet.shards`` that disagrees is a ConfigError (exit 2).
+
 Shutdown (SIGTERM, or :meth:`Worker.shutdown`; safe to call twice) runs in
 phases:
 
@@ -12,6 +17,18 @@ phases:
 4. leave: the membership lease is deleted, ``worker_left`` is published and
    the clients are closed.
 
+What ends only one shard, and what ends the process: a shard runner that
+raises a :class:`~shared.CommitfleetError` (fenced by a new owner, a shard set
+aside, state it cannot use) or that ends on its own ends that shard only; the
+worker starts it again later (capped backoff, so a shard that keeps failing is
+not restarted in a tight loop) while it still owns it. Any other exception, in
+a shard runner or its actions, the heartbeat or the assignment follower, is a
+bug and fatal (:class:`~shared.fleet.ProcessTasks`): its traceback is logged
+at once, every shard is stopped without grace, the worker leaves with
+``worker_left`` reason ``crashed`` (best effort: Redis may be the cause), and
+:meth:`Worker.run` raises :class:`~shared.fleet.ProcessCrashed` (exit 70). A
+process that has not ended a few seconds later is ended anyway.
+
 A SIGKILL skips all of this and loses nothing: messages are acknowledged only
 once durable, the lease expires, and the next owner takes over the pending
 entries and the unfinished sequences.
@@ -23,17 +40,26 @@ import asyncio
 import contextlib
 import logging
 import os
+import random
 import socket
 import time
-from typing import Any
 
-from shared import CommitfleetError, Fenced, Settings, TransientError
+from shared import CommitfleetError, ConfigError, Fenced, Settings, TransientError
 from shared._aio import cancel_until_done
 from shared._logging import kv
 from shared.events import ValidationLimits, WorkerJoined, WorkerLeft
-from shared.fleet import FleetRegistry, new_worker_id, worker_info
+from shared.fleet import (
+    HARD_EXIT_AFTER_S,
+    FleetRegistry,
+    ProcessCrashed,
+    ProcessTasks,
+    dump_tasks,
+    new_worker_id,
+    wait_until_up,
+    worker_info,
+)
 from shared.locks import run_shielded
-from shared.queue import AdminPublisher, Keys, connect, ensure_fleet
+from shared.queue import AdminPublisher, Keys, connect, join_fleet
 from shared.storage import open_store
 
 from ._context import WorkerContext
@@ -42,27 +68,51 @@ from ._shard import ShardRunner
 log = logging.getLogger("workers")
 
 FOLLOW_INTERVAL_S = 0.25
+# After a fatal error: how long stopped shards may take to end before we leave anyway,
+# and how long leaving (deregister, worker_left) may take when Redis is slow or down.
+CRASH_SETTLE_S = 1.0
+LEAVE_TIMEOUT_S = 1.5
+# A shard runner that failed or ended on its own is started again after a backoff.
+RESTART_INITIAL_S = 2.0
+RESTART_MAX_S = 60.0
+
+
+def restart_delay(failures: int, rng: random.Random) -> float:
+    """Return the seconds to wait before starting a shard again after its ``failures``-th failure in a row.
+
+    Capped exponential backoff with jitter: uniform in ``[c/2, c]``,
+    ``c = min(RESTART_MAX_S, RESTART_INITIAL_S * 2**(failures-1))``.
+    """
+    cap = min(RESTART_MAX_S, RESTART_INITIAL_S * 2.0 ** min(max(failures - 1, 0), 30))
+    return cap / 2 + rng.random() * cap / 2
 
 
 class Worker:
-    """One worker process (see the module doc for its shutdown phases)."""
+    """One worker process (see the module doc for its start, shutdown and crash)."""
 
-    def __init__(self, settings: Settings, *, worker_id: str | None = None) -> None:
+    def __init__(
+        self, settings: Settings, *, worker_id: str | None = None, hard_exit_after: float | None = None
+    ) -> None:
         """Prepare a worker; nothing connects until :meth:`run`.
+
+        ``hard_exit_after``: after a fatal error, end the OS process that many
+        seconds later if it is still alive (set by :func:`run_worker`; never in
+        an in-process test).
 
         Raises:
             ConfigError: no store URL configured, or a bad worker id.
         """
         if not settings.store.url:
-            from shared import ConfigError
-
             raise ConfigError("store.url is required (set COMMITFLEET_STORE or store.url in the config file)")
         self.settings = settings
         self.worker_id = new_worker_id(worker_id or settings.worker.id)
         self._stop = asyncio.Event()
         self.ready = asyncio.Event()
+        self._hard_exit_after = hard_exit_after
         self._runners: dict[int, tuple[ShardRunner, asyncio.Task[None]]] = {}
         self._retry_at: dict[int, float] = {}
+        self._failures: dict[int, int] = {}
+        self._rng = random.Random()
 
     def shutdown(self) -> None:
         """Begin the phased shutdown (idempotent; returns at once)."""
@@ -76,59 +126,123 @@ class Worker:
     async def run(self) -> None:
         """Join the fleet and work until :meth:`shutdown`; then leave in phases.
 
+        Returns without joining when shut down while waiting for Redis.
+
         Raises:
-            ConfigError: the fleet has another shard count, or a setting is unusable.
+            ConfigError: ``fleet.shards`` disagrees with the fleet's record, or
+                a setting is unusable (Redis refuses our credentials).
+            ProcessCrashed: an unexpected error in any part of the worker (its
+                traceback was logged when it happened; the worker has left with
+                reason ``crashed``).
 
         Cancellation: treated like a shutdown without the grace period (runners
         are cancelled, locks released shielded, the lease deleted shielded).
         """
         s = self.settings
-        keys = Keys(s.fleet.name)
         redis_client = connect(s.redis, client_name=f"commitfleet-worker-{self.worker_id}")
+        crashed: BaseException | None = None
         try:
             async with open_store(s.store.url, s.store) as store:
-                await ensure_fleet(redis_client, s.fleet.name, s.fleet.shards)
-                registry = FleetRegistry(redis_client, keys)
+                resolved = await wait_until_up(
+                    lambda: join_fleet(redis_client, s), stop=self._stop, what="reach the fleet's Redis"
+                )
+                if resolved is None:
+                    log.info("stopped before joining the fleet", extra=kv(worker=self.worker_id))
+                    return
+                self.settings = s = resolved
+                keys = Keys(s.fleet.name)
                 ctx = WorkerContext(
                     settings=s,
                     worker_id=self.worker_id,
                     redis=redis_client,
                     store=store,
                     keys=keys,
-                    registry=registry,
+                    registry=FleetRegistry(redis_client, keys),
                     admin=AdminPublisher(redis_client, keys, maxlen=s.admin.stream_maxlen),
                     limits=ValidationLimits.from_settings(s.security),
                     inflight=asyncio.Semaphore(s.worker.max_inflight_datasets),
                 )
                 started = time.time()
-                await registry.register(worker_info(self.worker_id, started), s.worker.lease)
-                await ctx.emit(
-                    WorkerJoined(
-                        at=time.time(), worker=self.worker_id, host=socket.gethostname(), pid=os.getpid()
-                    )
+                joined = await wait_until_up(
+                    lambda: self._join(ctx, started), stop=self._stop, what="register with the fleet"
                 )
-                log.info("worker joined", extra=kv(worker=self.worker_id, fleet=s.fleet.name))
+                if joined is None:
+                    log.info("stopped before joining the fleet", extra=kv(worker=self.worker_id))
+                    await run_shielded(self._leave(ctx, reason=None))
+                    return
                 self.ready.set()
-                try:
-                    async with asyncio.TaskGroup() as tg:
-                        beat = tg.create_task(self._heartbeat(registry, started))
-                        await self._follow(ctx, tg)
-                        # Phases 1-3: stop intake, drain, hand back.
-                        await self._stop_all(ctx)
-                        await cancel_until_done(beat)
-                finally:
-                    # Phase 4, shielded: a cancelled worker still leaves cleanly.
-                    await run_shielded(self._leave(ctx))
+                crashed = await self._work(ctx, started)
         finally:
             await run_shielded(redis_client.aclose())
+        if crashed is not None:
+            raise ProcessCrashed(f"worker {self.worker_id} crashed: {crashed!r}") from crashed
 
-    async def _leave(self, ctx: WorkerContext) -> None:
+    async def _join(self, ctx: WorkerContext, started: float) -> bool:
+        await ctx.registry.register(worker_info(self.worker_id, started), self.settings.worker.lease)
+        await ctx.emit(
+            WorkerJoined(at=time.time(), worker=self.worker_id, host=socket.gethostname(), pid=os.getpid())
+        )
+        log.info("worker joined", extra=kv(worker=self.worker_id, fleet=self.settings.fleet.name))
+        return True
+
+    async def _work(self, ctx: WorkerContext, started: float) -> BaseException | None:
+        """Run heartbeat, follower and shards until shutdown or a fatal error; leave; return the error."""
+        process = ProcessTasks(
+            f"worker {self.worker_id}",
+            stop=self._stop,
+            on_fatal=self._on_fatal,
+            hard_exit_after=self._hard_exit_after,
+        )
+        left = False
         try:
-            await ctx.registry.deregister(self.worker_id)
-            await ctx.emit(WorkerLeft(at=time.time(), worker=self.worker_id, reason="shutdown"))
-        except TransientError as exc:
-            log.warning("could not deregister; the lease will expire", extra=kv(error=str(exc)))
-        log.info("worker left", extra=kv(worker=self.worker_id))
+            async with process:
+                process.start(self._heartbeat(ctx.registry, started), "heartbeat")
+                follower = process.start(self._follow(ctx, process), "assignment follower")
+                await self._stop.wait()
+                # Its reconcile steps are safe to interrupt: a shard it had not started yet
+                # is simply not started.
+                await cancel_until_done(follower)
+                if process.crashed is None:
+                    await self._stop_all(ctx, process)  # phases 1-3
+                else:
+                    # Stopped without grace (on_fatal); leave now even if a runner is slow
+                    # to end: owner tokens and dataset locks fence it meanwhile.
+                    await asyncio.wait(
+                        [t for _r, t in self._runners.values()] or [follower], timeout=CRASH_SETTLE_S
+                    )
+                    left = True
+                    await run_shielded(self._leave(ctx, reason="crashed"))
+        finally:
+            if not left:
+                # Phase 4, shielded: a cancelled worker still leaves cleanly.
+                await run_shielded(self._leave(ctx, reason="crashed" if process.crashed else "shutdown"))
+        return process.crashed
+
+    def _on_fatal(self) -> None:
+        # ProcessTasks cancels every task; asking each runner to stop as well means a
+        # cancellation that gets lost (redis-py on 3.11) cannot keep a shard polling.
+        for runner, _task in self._runners.values():
+            runner.request_stop()
+
+    async def _leave(self, ctx: WorkerContext, *, reason: str | None) -> None:
+        """Deregister and publish ``worker_left`` (``reason`` None: deregister only); best effort, bounded."""
+        try:
+            async with asyncio.timeout(LEAVE_TIMEOUT_S):
+                await ctx.registry.deregister(self.worker_id)
+        except (TransientError, TimeoutError) as exc:
+            log.warning(
+                "could not deregister; the lease will expire", extra=kv(error=str(exc) or type(exc).__name__)
+            )
+        if reason is None:
+            return
+        try:
+            async with asyncio.timeout(LEAVE_TIMEOUT_S):
+                await ctx.emit(WorkerLeft(at=time.time(), worker=self.worker_id, reason=reason))
+        except (TransientError, TimeoutError) as exc:
+            log.warning(
+                "could not publish worker_left", extra=kv(error=str(exc) or type(exc).__name__, reason=reason)
+            )
+        log.info("worker left", extra=kv(worker=self.worker_id, reason=reason))
 
     async def _heartbeat(self, registry: FleetRegistry, started: float) -> None:
         s = self.settings.worker
@@ -146,14 +260,14 @@ class Worker:
             except TransientError as exc:
                 log.warning("heartbeat failed", extra=kv(error=str(exc)))
 
-    async def _follow(self, ctx: WorkerContext, tg: asyncio.TaskGroup) -> None:
+    async def _follow(self, ctx: WorkerContext, process: ProcessTasks) -> None:
         """Start and stop shard runners as the assignment says, until shutdown."""
         shards = self.settings.fleet.shards
         while not self._stop.is_set():
             try:
                 assignment = await ctx.registry.assignment(shards)
                 await self._reconcile(
-                    ctx, tg, assignment.runnable(self.worker_id), assignment.releasing(self.worker_id)
+                    ctx, process, assignment.runnable(self.worker_id), assignment.releasing(self.worker_id)
                 )
             except TransientError as exc:
                 log.warning("cannot read the assignment", extra=kv(error=str(exc)))
@@ -161,53 +275,76 @@ class Worker:
                 await asyncio.wait_for(self._stop.wait(), FOLLOW_INTERVAL_S)
 
     async def _reconcile(
-        self, ctx: WorkerContext, tg: asyncio.TaskGroup, want: frozenset[int], releasing: frozenset[int]
+        self, ctx: WorkerContext, process: ProcessTasks, want: frozenset[int], releasing: frozenset[int]
     ) -> None:
         now = time.monotonic()
         for shard, (runner, task) in list(self._runners.items()):
             if task.done():
-                del self._runners[shard]
-                self._reap(shard, task)
+                del self._runners[shard]  # how it ended was handled by _supervise (or is fatal)
             elif shard not in want:
                 runner.request_stop()
         for shard in releasing:
             if shard not in self._runners:
                 await ctx.registry.confirm_stopped(shard, self.worker_id)
         for shard in sorted(want - self._runners.keys()):
-            if self._retry_at.get(shard, 0.0) > now:
+            if self._retry_at.get(shard, 0.0) > now or self._stop.is_set():
                 continue
             token = await ctx.registry.owner_token(shard)
             if token is None or not token.decode().startswith(f"{self.worker_id}@"):
                 continue  # the coordinator has not handed it to us yet
+            if self._stop.is_set():
+                return
             runner = ShardRunner(ctx, shard)
-            self._runners[shard] = (runner, tg.create_task(self._supervise(runner)))
+            self._runners[shard] = (runner, process.start(self._supervise(runner), f"shard {shard}"))
             log.info("shard started", extra=kv(shard=shard, worker=self.worker_id))
 
     async def _supervise(self, runner: ShardRunner) -> None:
+        """Run one shard; an expected per-shard error ends that shard only.
+
+        Raises:
+            Anything but a CommitfleetError: a bug, fatal for the process
+            (reported by ProcessTasks; an exception group counts as a bug when
+            any member is one).
+        """
+        shard = runner.shard
         try:
             await runner.run()
         except Fenced as exc:
-            log.warning("shard lost to another owner", extra=kv(shard=runner.shard, error=str(exc)))
-        except CommitfleetError as exc:
-            log.exception("shard runner failed; restarting it", extra=kv(shard=runner.shard, error=repr(exc)))
-            self._retry_at[runner.shard] = time.monotonic() + 2.0
-        else:
-            log.info("shard stopped", extra=kv(shard=runner.shard))
-
-    def _reap(self, shard: int, task: asyncio.Task[None]) -> None:
-        if task.cancelled():
+            log.warning("shard lost to another owner", extra=kv(shard=shard, error=str(exc)))
             return
-        exc = task.exception()
-        if exc is not None:  # _supervise handles ours; anything else is a bug
-            raise exc
+        except CommitfleetError as exc:
+            delay = self._back_off(shard)
+            log.error(
+                "shard runner failed; starting it again later",
+                exc_info=True,
+                extra=kv(shard=shard, error=repr(exc), retry_in=round(delay, 1)),
+            )
+            return
+        if runner.stopping.is_set():
+            self._failures.pop(shard, None)
+            log.info("shard stopped", extra=kv(shard=shard))
+        else:
+            delay = self._back_off(shard)
+            log.warning(
+                "shard runner ended on its own; starting it again later",
+                extra=kv(shard=shard, retry_in=round(delay, 1)),
+            )
 
-    async def _stop_all(self, ctx: WorkerContext) -> None:
+    def _back_off(self, shard: int) -> float:
+        failures = self._failures[shard] = self._failures.get(shard, 0) + 1
+        delay = restart_delay(failures, self._rng)
+        self._retry_at[shard] = time.monotonic() + delay
+        return delay
+
+    async def _stop_all(self, ctx: WorkerContext, process: ProcessTasks) -> None:
         runners = list(self._runners.items())
         for _shard, (runner, _task) in runners:
             runner.request_stop()
         if runners:
             await asyncio.wait([t for _s, (_r, t) in runners])
         for shard, _ in runners:
+            if process.crashed is not None:
+                break  # a fatal error while draining: leave without handing back
             with contextlib.suppress(TransientError):
                 await ctx.registry.confirm_stopped(shard, self.worker_id)
         self._runners.clear()
@@ -218,10 +355,11 @@ async def run_worker(settings: Settings, *, worker_id: str | None = None) -> Non
 
     Raises:
         ConfigError: bad configuration or a fleet with another shard count.
+        ProcessCrashed: an unexpected error (logged with its traceback when it happened).
     """
     import signal
 
-    worker = Worker(settings, worker_id=worker_id)
+    worker = Worker(settings, worker_id=worker_id, hard_exit_after=HARD_EXIT_AFTER_S)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, worker.shutdown)
@@ -231,23 +369,3 @@ async def run_worker(settings: Settings, *, worker_id: str | None = None) -> Non
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
             loop.remove_signal_handler(sig)
-
-
-def dump_tasks() -> None:
-    """Write every asyncio task's stack to stderr (on SIGUSR1: what is a stuck process waiting for?)."""
-    import sys
-
-    tasks = asyncio.all_tasks()
-    lines = [f"--- {len(tasks)} asyncio tasks ---"]
-    for task in tasks:
-        lines.append(f"task {task.get_name()}:")
-        coro: Any = task.get_coro()
-        while coro is not None:
-            frame = getattr(coro, "cr_frame", None) or getattr(coro, "ag_frame", None)
-            if frame is not None:
-                lines.append(f"    {frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}")
-            coro = getattr(coro, "cr_await", None) or getattr(coro, "ag_await", None)
-        if coro is None and lines[-1].startswith("task "):
-            lines.append("    (not started or finished)")
-    sys.stderr.write("\n".join(lines) + "\n")
-    sys.stderr.flush()

@@ -14,22 +14,20 @@ from ._execute import describe_step, execute_sequence
 from ._model import CommitRequest, Manifest, ManifestFile, StagedFile, WatermarksDoc, WinningAttempt
 from ._operator import retry_quarantined, skip_quarantined
 from ._plan import plan_commit
+from ._publish import PublishFile
 from ._recovery import UnfinishedSequence, list_unfinished, recover_dataset
 from ._registry import DEFAULT_REGISTRY, StepRegistry, register_step_kind
 from ._results import AbortResult, CommitResult, RecoveryResult, SkipResult
 from ._steps import (
-    AdvanceWatermarks,
     Cleanup,
     CommitStep,
     Phase,
-    PublishFile,
     StepContext,
     WriteManifest,
-    merge_watermarks,
     read_manifest,
-    read_watermarks,
 )
 from ._wal import CommitSequence, decode_sequence, encode_sequence, read_sequence
+from ._watermarks import AdvanceWatermarks, merge_watermarks, read_watermarks
 
 __all__ = [
     "DEFAULT_REGISTRY",

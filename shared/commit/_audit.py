@@ -5,7 +5,10 @@ It reads only; it never repairs. Kinds of violation (``AuditViolation.kind``):
 - ``unlisted_file``: a published file that no manifest lists (and no
   unfinished sequence is publishing).
 - ``missing_file``: a manifest lists a file that does not exist.
-- ``wrong_size`` / ``wrong_checksum``: a listed file differs from its listing.
+- ``wrong_size`` / ``wrong_checksum``: a listed file differs from its listing
+  (the MD5 from the listing, else ``head_md5``: computed on local files; a
+  file whose store keeps no MD5, such as an S3 multipart upload, is compared
+  by size only).
 - ``listed_twice``: two manifests list the same file.
 - ``unreadable_manifest``, ``unreadable_watermarks``, ``unreadable_sequence``.
 - ``staged_leftover``: a staged file of an ended job: the job has a manifest
@@ -27,11 +30,16 @@ import msgspec
 from .._errors import BadInput, NotFound
 from ..events import commits_prefix, parse_staged_key, staging_prefix, wal_prefix, watermarks_key
 from ..storage import ObjectInfo, ObjectStore
+from ._bounded import for_each_bounded
 from ._errors import CommitStepFailed
+from ._publish import PublishFile
 from ._registry import StepRegistry
-from ._steps import PublishFile, decode_manifest, merge_watermarks, read_watermarks
+from ._steps import decode_manifest
 from ._wal import decode_sequence
+from ._watermarks import merge_watermarks, read_watermarks
 
+# MD5s computed at once by the audit (local files: each read hashes a whole file).
+_AUDIT_READS = 8
 # The service areas' top folders, taken from the one layout module.
 _STAGING_TOP = staging_prefix("j", "d").split("/", 1)[0]
 _WAL_TOP = wal_prefix().rstrip("/")
@@ -77,6 +85,31 @@ class AuditReport(msgspec.Struct, frozen=True, kw_only=True):
     def of_kind(self, kind: ViolationKind) -> list[AuditViolation]:
         """Return the violations of one kind."""
         return [v for v in self.violations if v.kind == kind]
+
+
+async def _compare_computed(store: ObjectStore, files: list[tuple[str, str, str]]) -> list[AuditViolation]:
+    """Compare listed MD5s with ``head_md5`` (computed on local files), a few reads at a time.
+
+    A file whose store keeps no MD5 (S3 multipart...) still has None: it cannot be compared.
+    """
+    found: list[AuditViolation] = []
+
+    async def one(item: tuple[str, str, str]) -> None:
+        key, md5, manifest = item
+        try:
+            got = await store.head_md5(key)
+        except NotFound:
+            return  # deleted since the listing: the next audit reports it missing
+        if got.checksum is not None and got.checksum.lower() != md5.lower():
+            found.append(
+                AuditViolation(
+                    kind="wrong_checksum", key=key, detail=f"md5 {got.checksum}, {manifest} lists {md5}"
+                )
+            )
+
+    await for_each_bounded(files, one, _AUDIT_READS)
+    found.sort(key=lambda v: v.key)
+    return found
 
 
 async def audit(
@@ -165,6 +198,7 @@ async def audit(
     marks: dict[str, dict[str, int]] = defaultdict(dict)
     files = 0
     total = 0
+    unhashed: list[tuple[str, str, str]] = []  # (file, listed md5, manifest)
     for key in manifest_keys:
         dataset = key.split("/", 1)[0]
         try:
@@ -194,12 +228,15 @@ async def audit(
                         kind="wrong_size", key=f.key, detail=f"{got.size} bytes, {key} lists {f.size}"
                     )
                 )
+            elif f.md5 and got.checksum is None:
+                unhashed.append((f.key, f.md5, key))  # the listing gives no MD5: computed below
             elif f.md5 and got.checksum and got.checksum.lower() != f.md5.lower():
                 out.append(
                     AuditViolation(
                         kind="wrong_checksum", key=f.key, detail=f"md5 {got.checksum}, {key} lists {f.md5}"
                     )
                 )
+    out.extend(await _compare_computed(store, unhashed))
 
     for key in sorted(published):
         if key not in listed_by and key not in in_flight:

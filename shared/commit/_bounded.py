@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import AsyncIterable, Awaitable, Callable, Iterable
 from typing import TypeVar
 
+from .._aio import TaskGroup
 from .._errors import CommitfleetError, LockLost
 from ._errors import CommitStepFailed
 
@@ -76,7 +77,7 @@ async def for_each_bounded(
             sem.release()
 
     try:
-        async with asyncio.TaskGroup() as tg:
+        async with TaskGroup() as tg:
             async for item in _aiter(items):
                 # Taken here, released by the task: bounds running and pending calls alike.
                 await sem.acquire()

@@ -1,94 +1,43 @@
 """Running a commit sequence: verify each step, redo what is not done, in phase order.
 
-Order: every ``publish`` step in parallel (at most
-``settings.commit.publish_concurrency`` at a time), then the ``apply`` steps
-one by one (watermarks, custom steps), then the manifest, then the clean-up,
-then the log is deleted. After each phase the holder rewrites the log (the
-progress hint, and a fencing point: a stale holder stops there with
-``Fenced``). The lease is checked before each phase and before every step.
+Order: the ``publish`` steps (verified, copied, then the sources deleted
+together with one rewrite of the log, the *fence*: see :mod:`._publish_phase`),
+then the ``apply`` steps one by one (watermarks, custom steps), then the
+manifest, then the clean-up, then the log is deleted. The log is written only
+where recovery or fencing needs it: created (or claimed) before the first
+step, rewritten once after the copies (a stale holder stops there with
+``Fenced``, before the watermarks and the manifest; a sequence without publish
+steps is fenced before its first step), rewritten on quarantine, deleted at
+the end. Recovery never trusts the log's progress hint: it verifies every step.
+The lease is checked before each phase and before every step.
 
-Each step runs as ``is_done`` -> ``execute`` under the commit retry policy;
-transient errors and unknown outcomes are retried (the next try starts by
-re-checking ``is_done``: an unknown outcome is re-read, never assumed). When
-a step's budget is spent, or it raises :class:`CommitStepFailed`, no further
-step starts, and the sequence is quarantined: the log keeps it with the reason.
+Each step runs as ``is_done`` -> ``execute`` (or its cheaper ``ensure``) under
+the commit retry policy; transient errors and unknown outcomes are retried
+(the next try starts by re-checking: an unknown outcome is re-read, never
+assumed). When a step's budget is spent, or it raises
+:class:`CommitStepFailed`, no further step starts, and the sequence is
+quarantined: the log keeps it with the reason.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
-from .._errors import CommitfleetError, LockLost, OutcomeUnknown, TransientError
 from .._retry import RetryPolicy
 from .._settings import Settings
 from ..locks import Lease
-from ..storage import ObjectStore
-from ._bounded import for_each_bounded
+from ..storage import ObjectInfo, ObjectStore
+from ._publish_phase import Progress, describe_step, list_staging, run_publish
 from ._registry import StepRegistry
 from ._results import CommitResult, CommitStatus
-from ._steps import PHASES, CommitStep, PublishFile, StepContext
-from ._wal import CommitSequence, WalHandle, open_sequence, with_retry
-
-
-def describe_step(step: CommitStep) -> str:
-    """Return a short human description of a step, for reasons and logs."""
-    if isinstance(step, PublishFile):
-        return f"publish {step.src} -> {step.dst}"
-    return f"{step.__struct_config__.tag} step"
+from ._steps import PHASES, StepContext
+from ._wal import CommitSequence, WalHandle, open_sequence
 
 
 def commit_policy(settings: Settings) -> RetryPolicy:
     """Return the retry policy of commit steps described by ``settings.commit.retry``."""
     return RetryPolicy.from_settings(settings.commit.retry)
-
-
-async def _run_step(step: CommitStep, ctx: StepContext, policy: RetryPolicy) -> bool:
-    executed = False
-
-    async def attempt() -> None:
-        nonlocal executed
-        executed = await step.ensure(ctx) or executed
-
-    await with_retry(attempt, policy)
-    return executed
-
-
-def _failure(step: CommitStep, exc: CommitfleetError) -> str:
-    if isinstance(exc, TransientError | OutcomeUnknown):
-        return f"{describe_step(step)}: retry budget spent: {type(exc).__name__}: {exc}"
-    return f"{describe_step(step)}: {type(exc).__name__}: {exc}"
-
-
-class _Progress:
-    def __init__(self) -> None:
-        self.done: set[int] = set()
-        self.redone = 0
-        self.failure: str | None = None
-
-    async def run(self, i: int, step: CommitStep, ctx: StepContext, policy: RetryPolicy) -> None:
-        try:
-            executed = await _run_step(step, ctx, policy)
-        except LockLost:
-            raise
-        except CommitfleetError as exc:
-            if self.failure is None:
-                self.failure = _failure(step, exc)
-            return
-        self.done.add(i)
-        self.redone += int(executed)
-
-
-async def _run_parallel(
-    items: list[tuple[int, CommitStep]], ctx: StepContext, policy: RetryPolicy, progress: _Progress
-) -> None:
-    async def one(item: tuple[int, CommitStep]) -> None:
-        ctx.lease.check()
-        await progress.run(item[0], item[1], ctx, policy)
-
-    await for_each_bounded(
-        items, one, ctx.settings.commit.publish_concurrency, stop=lambda: progress.failure is not None
-    )
 
 
 async def run_claimed(
@@ -98,9 +47,13 @@ async def run_claimed(
     settings: Settings,
     *,
     recovered: bool,
+    listed: Mapping[str, ObjectInfo] | None = None,
     clock: Callable[[], float] = time.time,
 ) -> CommitResult:
     """Run the sequence of a log this holder has created or claimed; see the module doc.
+
+    ``listed``: the job's staging folder for the dataset as this holder listed
+    it before creating the log (sources are judged on it); None to list it here.
 
     Returns:
         ``committed`` (log deleted), ``quarantined`` (quarantined now: the log
@@ -142,7 +95,14 @@ async def run_claimed(
         # Quarantined earlier (and reported then): nothing runs until an operator acts.
         return result("blocked", 0, seq.quarantined)
     ctx = StepContext(store=store, lease=lease, settings=settings, clock=clock)
-    progress = _Progress()
+    progress = Progress()
+    fenced = False
+
+    async def fence() -> None:
+        nonlocal fenced
+        await handle.write(done=sorted(progress.done))
+        fenced = True
+
     for phase in PHASES:
         items = [(i, s) for i, s in enumerate(seq.steps) if s.phase == phase]
         if not items:
@@ -150,19 +110,21 @@ async def run_claimed(
         phase_start = time.monotonic()
         lease.check()
         if phase == "publish":
-            await _run_parallel(items, ctx, policy, progress)
+            if listed is None:
+                listed = await list_staging(store, seq.job, seq.dataset, policy)
+            await run_publish(items, ctx, policy, progress, listed=listed, fence=fence, timings=timings)
         else:
+            if not fenced:
+                await fence()
             for i, step in items:
                 lease.check()
                 await progress.run(i, step, ctx, policy)
                 if progress.failure is not None:
                     break
+            timings[phase] = time.monotonic() - phase_start
         if progress.failure is not None:
             await handle.write(quarantined=progress.failure, done=sorted(progress.done))
             return result("quarantined", progress.redone, progress.failure)
-        if phase != "cleanup":
-            await handle.write(done=sorted(progress.done))
-        timings[phase] = time.monotonic() - phase_start
     await handle.delete()
     return result("committed", progress.redone)
 

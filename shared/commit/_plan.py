@@ -8,16 +8,10 @@ from collections.abc import Sequence
 from .._errors import BadInput
 from ..events import published_key, staged_key, staging_prefix
 from ._model import CommitRequest, ManifestFile
-from ._steps import (
-    PHASES,
-    AdvanceWatermarks,
-    Cleanup,
-    CommitStep,
-    PublishFile,
-    WriteManifest,
-    merge_watermarks,
-)
+from ._publish import PublishFile
+from ._steps import PHASES, Cleanup, CommitStep, WriteManifest
 from ._wal import CommitSequence
+from ._watermarks import AdvanceWatermarks, merge_watermarks
 
 
 def _check_winners(req: CommitRequest) -> None:

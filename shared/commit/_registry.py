@@ -18,7 +18,11 @@ from typing import Any, TypeVar
 import msgspec
 
 from ._errors import CommitStepFailed
-from ._steps import BUILTIN_STEPS, PHASES, CommitStep
+from ._publish import PublishFile
+from ._steps import PHASES, Cleanup, CommitStep, WriteManifest
+from ._watermarks import AdvanceWatermarks
+
+BUILTIN_STEPS: tuple[type[CommitStep], ...] = (PublishFile, AdvanceWatermarks, WriteManifest, Cleanup)
 
 S = TypeVar("S", bound=type[CommitStep])
 

@@ -1,5 +1,7 @@
 """Commit steps: the units of a commit sequence, each with an idempotent check and action.
 
+The watermarks step lives in :mod:`._watermarks`, the publish step in :mod:`._publish`.
+
 Every step kind is a frozen msgspec Struct tagged by ``kind`` (so a sequence
 serialises as a list of tagged objects) with two coroutines:
 
@@ -20,7 +22,6 @@ then the ``manifest``, then ``cleanup``.
 
 from __future__ import annotations
 
-import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
@@ -28,25 +29,19 @@ from typing import ClassVar, Literal
 
 import msgspec
 
-from .._errors import NotFound, PreconditionFailed, TransientError
+from .._errors import BadInput, NotFound, PreconditionFailed, TransientError
 from .._settings import Settings
-from ..events import manifest_key, watermarks_key
+from ..events import manifest_key
 from ..locks import Lease
 from ..storage import ObjectInfo, ObjectStore
 from ._bounded import for_each_bounded
 from ._errors import CommitStepFailed
-from ._model import Manifest, ManifestFile, WatermarksDoc
+from ._model import Manifest, ManifestFile
 
 Phase = Literal["publish", "apply", "manifest", "cleanup"]
 PHASES: tuple[Phase, ...] = ("publish", "apply", "manifest", "cleanup")
 
-# A compare-and-swap that loses this many races in a row is reported as
-# transient: with one lock holder per dataset, more than a handful means a
-# stale holder or an operator is writing at the same time.
-_CAS_ROUNDS = 32
-
 _manifest_decoder = msgspec.json.Decoder(Manifest)
-_watermarks_decoder = msgspec.json.Decoder(WatermarksDoc)
 _encoder = msgspec.json.Encoder()
 
 
@@ -55,13 +50,15 @@ class StepContext:
     """What a step may use: the store, the lease it runs under, and the settings.
 
     ``clock`` gives the timestamps written into documents (a value, so tests
-    can fix it).
+    can fix it). ``verified`` holds the staged sources checked before the
+    publish phase, by key: their copies are pinned to those versions.
     """
 
     store: ObjectStore
     lease: Lease
     settings: Settings = field(default_factory=Settings)
     clock: Callable[[], float] = time.time
+    verified: Mapping[str, ObjectInfo] = field(default_factory=dict)
 
 
 class CommitStep(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind"):
@@ -104,172 +101,6 @@ class CommitStep(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind"):
         return True
 
 
-def _matches(info: ObjectInfo, size: int, md5: str | None) -> bool:
-    if info.size != size:
-        return False
-    return md5 is None or info.checksum is None or info.checksum.lower() == md5.lower()
-
-
-async def _head(store: ObjectStore, key: str) -> ObjectInfo | None:
-    try:
-        return await store.head(key)
-    except NotFound:
-        return None
-
-
-class PublishFile(CommitStep, frozen=True, kw_only=True, tag="publish"):
-    """Copy a staged file to its published key, then delete the staged one.
-
-    Done means: the destination exists with the expected size (and checksum,
-    where both the store and the producer know it) AND the source is gone. A
-    destination with the right name but another size (a partial copy) is not
-    done.
-    """
-
-    phase: ClassVar[Phase] = "publish"
-
-    src: str
-    dst: str
-    size: int
-    md5: str | None = None
-
-    async def is_done(self, ctx: StepContext) -> bool:
-        """Return True when the source is gone and the destination is right."""
-        if await _head(ctx.store, self.src) is not None:
-            return False
-        dst = await _head(ctx.store, self.dst)
-        return dst is not None and _matches(dst, self.size, self.md5)
-
-    async def execute(self, ctx: StepContext) -> None:
-        """Copy (server side), verify, delete the source.
-
-        Raises:
-            CommitStepFailed: the source differs from what its task reported,
-                or the source is gone and the destination is missing or wrong
-                (the data is lost: nothing is deleted, an operator decides).
-            TransientError: the copy did not produce the expected object.
-        """
-        await self.ensure(ctx)
-
-    async def ensure(self, ctx: StepContext) -> bool:
-        """Copy first, judge by the answers: the same checks as ``is_done``, fewer requests.
-
-        A copy that finds no source means the file was published (by us
-        before a crash, or by another holder): the destination must then be
-        right, else the data is lost (:class:`CommitStepFailed`). A copy that
-        succeeds is checked against the expected size and checksum before the
-        source is deleted.
-
-        Returns:
-            True when a copy was made, False when the file was already published.
-        """
-        ctx.lease.check()
-        try:
-            copied = await ctx.store.copy(self.src, self.dst)
-        except NotFound:
-            dst = await _head(ctx.store, self.dst)
-            if dst is None or not _matches(dst, self.size, self.md5):
-                found = "missing" if dst is None else f"{dst.size} bytes (checksum {dst.checksum})"
-                raise CommitStepFailed(
-                    f"staged file {self.src} is gone and {self.dst} is {found}, "
-                    f"expected {self.size} bytes: data lost, not retrying"
-                ) from None
-            return False
-        if not _matches(copied, self.size, self.md5):
-            src = await _head(ctx.store, self.src)
-            if src is not None and not _matches(src, self.size, self.md5):
-                raise CommitStepFailed(
-                    f"staged file {self.src} is {src.size} bytes (checksum {src.checksum}), "
-                    f"its task reported {self.size} bytes (md5 {self.md5})"
-                )
-            # The source is right (or vanished: a concurrent holder published
-            # it): this copy went wrong; the retry judges again.
-            raise TransientError(
-                f"copy {self.src} -> {self.dst} gave {copied.size} bytes, expected {self.size}"
-            )
-        ctx.lease.check()
-        await ctx.store.delete(self.src)
-        return True
-
-
-def merge_watermarks(current: Mapping[str, int], new: Mapping[str, int]) -> dict[str, int]:
-    """Return the per-key maximum of ``current`` and ``new`` (a watermark never moves back)."""
-    merged = dict(current)
-    for key, value in new.items():
-        if key not in merged or value > merged[key]:
-            merged[key] = value
-    return merged
-
-
-def _decode_watermarks(data: bytes, key: str) -> WatermarksDoc:
-    try:
-        return _watermarks_decoder.decode(data)
-    except msgspec.DecodeError as exc:
-        raise CommitStepFailed(f"watermarks {key} are unreadable: {exc}") from exc
-
-
-async def read_watermarks(store: ObjectStore, dataset: str) -> dict[str, int]:
-    """Return the dataset's committed watermarks ({} when none were ever written).
-
-    Raises:
-        CommitStepFailed: the watermarks document is unreadable.
-    """
-    key = watermarks_key(dataset)
-    try:
-        obj = await store.read(key)
-    except NotFound:
-        return {}
-    return dict(_decode_watermarks(obj.data, key).values)
-
-
-class AdvanceWatermarks(CommitStep, frozen=True, kw_only=True, tag="watermarks"):
-    """Move the dataset's watermarks forward to at least ``values`` (per-key max, by compare-and-swap)."""
-
-    dataset: str
-    values: dict[str, int]
-
-    async def is_done(self, ctx: StepContext) -> bool:
-        """Return True when every watermark is already at or past ``values``."""
-        current = await read_watermarks(ctx.store, self.dataset)
-        return all(k in current and current[k] >= v for k, v in self.values.items())
-
-    async def execute(self, ctx: StepContext) -> None:
-        """Read, merge by max, write back conditionally; repeat on a lost race.
-
-        Raises:
-            TransientError: the race was lost too many times in a row.
-            CommitStepFailed: the stored document is unreadable.
-        """
-        key = watermarks_key(self.dataset)
-        for _ in range(_CAS_ROUNDS):
-            try:
-                obj = await ctx.store.read(key)
-            except NotFound:
-                current: dict[str, int] = {}
-                version: str | None = None
-            else:
-                current = dict(_decode_watermarks(obj.data, key).values)
-                version = obj.info.version
-            merged = merge_watermarks(current, self.values)
-            if version is not None and merged == current:
-                return
-            body = _encoder.encode(
-                WatermarksDoc(
-                    dataset=self.dataset, values=merged, updated_at=ctx.clock(), nonce=secrets.token_hex(8)
-                )
-            )
-            ctx.lease.check()
-            try:
-                if version is None:
-                    await ctx.store.write_if_absent(key, body)
-                else:
-                    await ctx.store.write_if_match(key, body, version)
-            except PreconditionFailed:
-                continue  # someone else moved them (or our retried write landed): re-read
-            return
-        raise TransientError(f"watermarks {key}: compare-and-swap lost {_CAS_ROUNDS} races in a row")
-
-
 def decode_manifest(data: bytes, key: str) -> Manifest:
     """Return the manifest in ``data`` (read from ``key``). Raises CommitStepFailed when unreadable."""
     try:
@@ -289,6 +120,8 @@ async def read_manifest(store: ObjectStore, dataset: str, job: str) -> Manifest 
         obj = await store.read(key)
     except NotFound:
         return None
+    except BadInput as exc:  # a link or a non-file in a local store
+        raise CommitStepFailed(f"manifest {key} is unreadable: {exc}") from exc
     return decode_manifest(obj.data, key)
 
 
@@ -336,6 +169,18 @@ class WriteManifest(CommitStep, frozen=True, kw_only=True, tag="manifest"):
         Raises:
             CommitStepFailed: a manifest with other content already exists.
         """
+        await self.ensure(ctx)
+
+    async def ensure(self, ctx: StepContext) -> bool:
+        """Create first, read only when refused: the create-if-absent answer is the check.
+
+        Returns:
+            True when this call wrote the manifest, False when an equal one was there.
+
+        Raises:
+            CommitStepFailed: a manifest with other content already exists.
+            TransientError: the create was refused but no manifest can be read.
+        """
         key = manifest_key(self.dataset, self.job)
         ctx.lease.check()
         try:
@@ -343,6 +188,10 @@ class WriteManifest(CommitStep, frozen=True, kw_only=True, tag="manifest"):
         except PreconditionFailed:
             if not await self.is_done(ctx):
                 raise TransientError(f"manifest {key} reported existing but cannot be read") from None
+            return False
+        except BadInput as exc:  # a link or a non-file in a local store
+            raise CommitStepFailed(f"manifest {key} cannot be written: {exc}") from exc
+        return True
 
 
 class Cleanup(CommitStep, frozen=True, kw_only=True, tag="cleanup"):
@@ -366,6 +215,21 @@ class Cleanup(CommitStep, frozen=True, kw_only=True, tag="cleanup"):
     async def execute(self, ctx: StepContext) -> None:
         """List and delete, ``settings.commit.publish_concurrency`` deletes at a time."""
         await delete_prefixes(ctx, self.prefixes)
+
+    async def ensure(self, ctx: StepContext) -> bool:
+        """List and delete; list again only when something was deleted (the usual case: one listing).
+
+        Returns:
+            True when something was deleted, False when the prefixes were empty.
+
+        Raises:
+            TransientError: something is still there after the deletes.
+        """
+        if await delete_prefixes(ctx, self.prefixes) == 0:
+            return False
+        if not await self.is_done(ctx):
+            raise TransientError(f"cleanup of {', '.join(self.prefixes)}: objects left after deleting")
+        return True
 
 
 async def delete_prefixes(ctx: StepContext, prefixes: list[str]) -> int:
@@ -396,21 +260,14 @@ async def delete_prefixes(ctx: StepContext, prefixes: list[str]) -> int:
     return count
 
 
-BUILTIN_STEPS: tuple[type[CommitStep], ...] = (PublishFile, AdvanceWatermarks, WriteManifest, Cleanup)
-
 __all__ = [
-    "BUILTIN_STEPS",
     "PHASES",
-    "AdvanceWatermarks",
     "Cleanup",
     "CommitStep",
     "Phase",
-    "PublishFile",
     "StepContext",
     "WriteManifest",
     "decode_manifest",
     "delete_prefixes",
-    "merge_watermarks",
     "read_manifest",
-    "read_watermarks",
 ]

@@ -25,15 +25,16 @@ from typing import TypeVar
 
 import msgspec
 
-from .._errors import Fenced, NotFound, OutcomeUnknown, PreconditionFailed, TransientError
+from .._errors import BadInput, Fenced, NotFound, OutcomeUnknown, PreconditionFailed, TransientError
 from .._retry import RetryPolicy, retry
 from ..events import wal_key
 from ..locks import Lease
 from ..storage import ObjectStore
 from ._errors import CommitStepFailed
 from ._model import FORMAT_VERSION
+from ._publish import PublishFile
 from ._registry import DEFAULT_REGISTRY, StepRegistry
-from ._steps import CommitStep, PublishFile
+from ._steps import CommitStep
 
 T = TypeVar("T")
 
@@ -120,12 +121,15 @@ async def read_sequence_at(
     """Return ``(sequence, version)`` of the log at ``key``, or None when there is none.
 
     Raises:
-        CommitStepFailed: the log is unreadable.
+        CommitStepFailed: the log is unreadable (also: a link or a non-file in
+            a local store, where the log should be).
     """
     try:
         obj = await store.read(key)
     except NotFound:
         return None
+    except BadInput as exc:
+        raise CommitStepFailed(f"{key} is unreadable: {exc}") from exc
     try:
         return decode_sequence(obj.data, registry), obj.info.version
     except CommitStepFailed as exc:
@@ -253,6 +257,8 @@ async def _create(
     async def attempt() -> tuple[CommitSequence, str, bool]:
         try:
             info = await store.write_if_absent(key, body)
+        except BadInput as exc:  # a link or a non-file in a local store
+            raise CommitStepFailed(f"{key} is unreadable (cannot be created): {exc}") from exc
         except (PreconditionFailed, OutcomeUnknown) as exc:
             found = await read_sequence_at(store, key, registry)
             if found is None:
@@ -297,27 +303,58 @@ async def open_sequence(
         TransientError: the store kept failing past the retry budget.
     """
     lease.check()
-    key = wal_key(seq.dataset, seq.job)
-    found = await read_sequence_at(store, key, registry)
+    found = await read_sequence_at(store, wal_key(seq.dataset, seq.job), registry)
     if found is None:
-        fresh = msgspec.structs.replace(
-            seq,
-            epoch=lease.epoch,
-            attempts=1,
-            quarantined=None,
-            nonce=secrets.token_hex(8),
-            updated_at=clock(),
-        )
-        current, version, created = await _create(store, fresh, key, policy, registry)
-        handle = WalHandle(store, current, version, lease, policy=policy, registry=registry, clock=clock)
-        if created:
-            return handle, True
-    else:
-        current, version = found
-        handle = WalHandle(store, current, version, lease, policy=policy, registry=registry, clock=clock)
+        return await create_sequence(store, seq, lease, policy=policy, registry=registry, clock=clock)
+    current, version = found
+    handle = WalHandle(store, current, version, lease, policy=policy, registry=registry, clock=clock)
+    return await _claim_existing(handle, seq, lease), False
+
+
+async def _claim_existing(handle: WalHandle, seq: CommitSequence, lease: Lease) -> WalHandle:
+    current = handle.sequence
     if (current.dataset, current.job) != (seq.dataset, seq.job):
-        raise CommitStepFailed(f"{key} holds dataset {current.dataset!r} job {current.job!r}")
-    return await _claim(handle, lease), False
+        raise CommitStepFailed(f"{handle.key} holds dataset {current.dataset!r} job {current.job!r}")
+    return await _claim(handle, lease)
+
+
+async def create_sequence(
+    store: ObjectStore,
+    seq: CommitSequence,
+    lease: Lease,
+    *,
+    policy: RetryPolicy,
+    registry: StepRegistry | None = None,
+    clock: Callable[[], float] = time.time,
+) -> tuple[WalHandle, bool]:
+    """Create the log for ``seq`` with create-if-absent, without reading it first.
+
+    For a holder that has just listed the dataset's logs under the lock and
+    found none: one request. A log that is there after all (written since, or
+    the answer to a retry of our own create) is read and claimed as
+    :func:`open_sequence` does.
+
+    Returns:
+        ``(handle, created)``, as :func:`open_sequence`.
+
+    Raises:
+        As :func:`open_sequence`.
+    """
+    lease.check()
+    key = wal_key(seq.dataset, seq.job)
+    fresh = msgspec.structs.replace(
+        seq,
+        epoch=lease.epoch,
+        attempts=1,
+        quarantined=None,
+        nonce=secrets.token_hex(8),
+        updated_at=clock(),
+    )
+    current, version, created = await _create(store, fresh, key, policy, registry)
+    handle = WalHandle(store, current, version, lease, policy=policy, registry=registry, clock=clock)
+    if created:
+        return handle, True
+    return await _claim_existing(handle, seq, lease), False
 
 
 async def claim_sequence(
@@ -356,6 +393,7 @@ __all__ = [
     "CommitSequence",
     "WalHandle",
     "claim_sequence",
+    "create_sequence",
     "decode_sequence",
     "encode_sequence",
     "open_sequence",

@@ -14,6 +14,7 @@ from ._admin_events import (
     Quarantined,
     RecoveryDone,
     ShardsAssigned,
+    ShardSetAside,
     WorkerJoined,
     WorkerLeft,
 )
@@ -92,6 +93,7 @@ __all__ = [
     "RejectReason",
     "SCHEMA_VERSION",
     "SIG_FIELD",
+    "ShardSetAside",
     "ShardsAssigned",
     "StagedFile",
     "StagedKey",

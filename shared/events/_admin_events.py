@@ -114,7 +114,13 @@ class MessageRejected(_AdminEvent, frozen=True, kw_only=True, tag="message_rejec
 
 
 class JobTimedOut(_AdminEvent, frozen=True, kw_only=True, tag="job_timed_out"):
-    """A job neither finished nor aborted within its timeout and was aborted by the fleet."""
+    """The fleet aborted a job for time: its driver was silent for ``timeout_s`` (no liveness
+    key seen), or the job ran longer than the fleet's ``max_job_duration`` (then ``timeout_s``
+    is that limit).
+
+    One event per job and shard, naming the job's datasets on that shard that
+    were aborted; each of them also gets its ``aborted`` event.
+    """
 
     job: str
     datasets: list[str] = []
@@ -136,6 +142,17 @@ class OperatorAction(_DatasetEvent, frozen=True, kw_only=True, tag="operator_act
     detail: str = ""
 
 
+class ShardSetAside(_AdminEvent, frozen=True, kw_only=True, tag="shard_set_aside"):
+    """A shard's state in Redis cannot be read (a record that does not decode, or of an
+    unknown version): its owner stopped the shard instead of crashing, and waits for an
+    operator to fix or delete the record (``key``, hash ``field``; see docs/queue.md)."""
+
+    shard: Count
+    key: str
+    field: str
+    reason: str
+
+
 AdminEvent = (
     WorkerJoined
     | WorkerLeft
@@ -149,6 +166,7 @@ AdminEvent = (
     | MessageRejected
     | JobTimedOut
     | OperatorAction
+    | ShardSetAside
 )
 """Every admin event, as a tagged union (decode target)."""
 
@@ -167,6 +185,7 @@ ADMIN_EVENT_TYPES: Final[dict[str, type[AdminEvent]]] = {
         MessageRejected,
         JobTimedOut,
         OperatorAction,
+        ShardSetAside,
     )
 }
 """Wire ``type`` tag -> admin event class."""

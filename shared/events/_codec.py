@@ -10,7 +10,7 @@ the precise reason.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import msgspec
 
@@ -24,6 +24,8 @@ DATA_FIELD: Final = "data"
 """Stream entry field holding the event's JSON bytes."""
 SIG_FIELD: Final = "sig"
 """Stream entry field holding the hex HMAC-SHA256 of the ``data`` bytes (when signing is on)."""
+
+_T = TypeVar("_T")
 
 _ENCODER: Final = msgspec.json.Encoder()
 _QUEUE_DECODER: Final[msgspec.json.Decoder[QueueEvent]] = msgspec.json.Decoder(QueueEvent)
@@ -64,7 +66,7 @@ def _classify(
     # unknown type or version apart from an ordinary shape error.
     try:
         env = _ENVELOPE_DECODER.decode(data)
-    except (msgspec.DecodeError, RecursionError):
+    except (msgspec.DecodeError, UnicodeError, RecursionError):
         return InvalidMessage("schema", str(exc))
     if isinstance(env.type, str) and env.type not in types:
         return InvalidMessage("unknown_type", f"unknown event type {shown(env.type)} - at `$.type`")
@@ -95,15 +97,26 @@ def decode_event(
         raise InvalidMessage("oversized", f"message is {size} bytes, the limit is {limits.max_message_bytes}")
     if limits.secret is not None:
         verify(data if isinstance(data, bytes) else bytes(data), sig, limits.secret)
+    return validate_event(_decode(_QUEUE_DECODER, QUEUE_EVENT_TYPES, data), limits)
+
+
+def _decode(decoder: msgspec.json.Decoder[_T], types: Mapping[str, type], data: bytes | memoryview) -> _T:
+    """Return ``decoder.decode(data)``, every way that can fail mapped into InvalidMessage.
+
+    msgspec raises ``UnicodeDecodeError`` (not its own DecodeError) for
+    invalid UTF-8 inside a JSON string; that, like any malformed JSON, is
+    ``bad_json``.
+    """
     try:
-        ev = _QUEUE_DECODER.decode(data)
+        return decoder.decode(data)
     except msgspec.ValidationError as exc:
-        raise _classify(data, QUEUE_EVENT_TYPES, exc) from None
+        raise _classify(data, types, exc) from None
     except msgspec.DecodeError as exc:
         raise InvalidMessage("bad_json", str(exc)) from None
+    except UnicodeError as exc:
+        raise InvalidMessage("bad_json", f"not valid UTF-8: {exc}") from None
     except RecursionError:  # cannot happen with these types today; never let it crash a shard
         raise InvalidMessage("schema", "message nests too deeply") from None
-    return validate_event(ev, limits)
 
 
 def _field(fields: Mapping[Any, Any], name: str) -> Any:
@@ -119,17 +132,29 @@ def decode_entry(
     """Return the queue event of one stream entry (its ``data`` and ``sig`` fields; others are ignored).
 
     Field names and values may be ``bytes`` (redis-py default) or ``str``.
+    Total: whatever the fields hold, this returns an event or raises
+    InvalidMessage, never anything else.
 
     Raises:
-        InvalidMessage: ``schema`` when the entry has no ``data`` field, else
-            as :func:`decode_event`.
+        InvalidMessage: ``schema`` when the entry has no ``data`` field (or
+            it is not bytes), else as :func:`decode_event`.
     """
     data = _field(fields, DATA_FIELD)
     if data is None:
         raise InvalidMessage("schema", f"stream entry has no {DATA_FIELD!r} field")
     if isinstance(data, str):
-        data = data.encode()
-    return decode_event(data, sig=_field(fields, SIG_FIELD), limits=limits)
+        try:
+            data = data.encode()
+        except UnicodeError:
+            raise InvalidMessage("bad_json", "the data field is not valid UTF-8 text") from None
+    elif isinstance(data, bytearray | memoryview):
+        data = bytes(data)
+    elif not isinstance(data, bytes):
+        raise InvalidMessage("schema", f"the data field is a {type(data).__name__}, not bytes")
+    sig = _field(fields, SIG_FIELD)
+    if sig is not None and not isinstance(sig, bytes | str):
+        sig = repr(sig)  # never a valid signature: rejected as bad_signature when signing is on
+    return decode_event(data, sig=sig, limits=limits)
 
 
 def encode_admin(ev: AdminEvent) -> bytes:
@@ -145,12 +170,7 @@ def decode_admin(data: bytes | memoryview) -> AdminEvent:
             newer fleet: readers usually skip it), ``unsupported_version`` or
             ``schema``.
     """
-    try:
-        ev = _ADMIN_DECODER.decode(data)
-    except msgspec.ValidationError as exc:
-        raise _classify(data, ADMIN_EVENT_TYPES, exc) from None
-    except msgspec.DecodeError as exc:
-        raise InvalidMessage("bad_json", str(exc)) from None
+    ev = _decode(_ADMIN_DECODER, ADMIN_EVENT_TYPES, data)
     if ev.v != SCHEMA_VERSION:
         raise InvalidMessage(
             "unsupported_version", f"version {ev.v} is not supported (this reader reads v{SCHEMA_VERSION})"

@@ -19,14 +19,37 @@ RejectReason = Literal[
     "unsafe_path",
     "inconsistent",
     "replayed",
+    "deleted",
+    "internal",
 ]
-"""Why a message was rejected. Dead-letter entries and admin events carry this code."""
+"""Why a message was rejected. Dead-letter entries and admin events carry this code.
+
+``deleted``: the entry was trimmed or XDEL'ed while pending (no content left).
+``internal``: handling the entry raised an error the code did not expect (a
+bug); the entry is set aside with the exception type so the shard goes on.
+"""
 
 REJECT_REASONS: Final[frozenset[str]] = frozenset(get_args(RejectReason))
 
 
 MAX_DETAIL: Final = 1000
 """Details are cut to this many characters: they travel to dead-letter entries and logs."""
+
+
+def one_line(text: str) -> str:
+    """Return ``text`` as one line of valid UTF-8 text.
+
+    Line breaks become spaces and what cannot be encoded (lone surrogates)
+    is backslash-escaped, so a detail can always be logged, encoded as JSON
+    and written to Redis.
+    """
+    if not text.isprintable():
+        text = text.replace("\r\n", " ").replace("\n", " ").replace("\r", " ")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
 
 
 def shown(value: str, limit: int = 160) -> str:
@@ -47,6 +70,7 @@ class InvalidMessage(BadInput):
     def __init__(self, reason: RejectReason, detail: str) -> None:
         if reason not in REJECT_REASONS:  # a programming error, not bad input
             raise ValueError(f"unknown reject reason {reason!r}")
+        detail = one_line(detail)
         if len(detail) > MAX_DETAIL:
             detail = detail[: MAX_DETAIL - 3] + "..."
         super().__init__(f"{reason}: {detail}")

@@ -3,9 +3,10 @@
 The rule, chosen so that any producer (Python, Scala, Java, redis-cli plus
 openssl) reproduces it exactly without canonical JSON: a stream entry has a
 field ``data`` holding the event's JSON bytes as sent, and a field ``sig``
-holding the lowercase hex HMAC-SHA256 of exactly those bytes, keyed with the
-UTF-8 bytes of the shared secret. The consumer verifies the bytes it
-received, before parsing them.
+holding the hex HMAC-SHA256 of exactly those bytes (lowercase as we send it;
+upper-case is accepted too, since some producers' hex encoders write it),
+keyed with the UTF-8 bytes of the shared secret. The consumer verifies the
+bytes it received, before parsing them.
 """
 
 from __future__ import annotations
@@ -32,7 +33,12 @@ def verify(data: bytes, sig: bytes | str | None, secret: bytes) -> None:
     """
     if not sig:
         raise InvalidMessage("unsigned", "message has no signature and signing is required")
-    given = sig.encode("ascii", "replace") if isinstance(sig, str) else bytes(sig)
+    if isinstance(sig, str):
+        given = sig.encode("ascii", "replace")
+    elif isinstance(sig, bytes | bytearray | memoryview):
+        given = bytes(sig)
+    else:  # not from Redis (it only returns bytes), but never let it raise TypeError
+        raise InvalidMessage("bad_signature", f"message signature is a {type(sig).__name__}, not hex text")
     expected = sign(data, secret)
     if not (hmac.compare_digest(expected, given) or hmac.compare_digest(expected, given.lower())):
         raise InvalidMessage("bad_signature", "message signature does not match its data")

@@ -130,14 +130,25 @@ class FleetRegistry:
     # -- assignment -------------------------------------------------------------------
 
     async def assignment(self, shards: int) -> Assignment:
-        """Return the assignment in force (an empty one for a new fleet)."""
+        """Return the assignment in force (an empty one for a new fleet).
+
+        ``shards`` is the fleet's count, from its meta record (see
+        :func:`shared.queue.join_fleet`).
+
+        Raises:
+            ConfigError: the stored assignment covers another number of shards.
+            TransientError: Redis is unreachable.
+        """
         with redis_errors("read assignment"):
             raw = await self._r.hget(self._assignment, "doc")
         if raw is None:
             return Assignment.empty(shards)
         a = _dec_assignment.decode(raw)
         if len(a.slots) != shards:
-            raise ConfigError(f"assignment has {len(a.slots)} shards, the fleet has {shards}")
+            raise ConfigError(
+                f"the fleet has {shards} shards but its stored assignment covers {len(a.slots)} "
+                f"({self._assignment} is stale or was edited)"
+            )
         return a
 
     async def replace_assignment(self, before: Assignment, after: Assignment) -> bool:

@@ -9,12 +9,15 @@ displays. See docs/locks.md for the protocol.
 
 from ._lease import Lease
 from ._lock import HeldLease, StorageLock, default_owner, read_lock, run_shielded
+from ._notify import RedisReleaseNotifier, ReleaseNotifier
 from ._state import LockRecord, held_until, is_held, lock_key
 
 __all__ = [
     "HeldLease",
     "Lease",
     "LockRecord",
+    "RedisReleaseNotifier",
+    "ReleaseNotifier",
     "StorageLock",
     "default_owner",
     "held_until",

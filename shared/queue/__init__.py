@@ -7,21 +7,59 @@ See docs/queue.md for the key layout, entry fields and consumer-group semantics.
 from ._admin_stream import DEFAULT_ADMIN_MAXLEN, AdminPublisher, follow_admin, read_admin_range
 from ._bench import raw_consume_rate
 from ._connect import connect, connect_sync, redis_errors
-from ._consumer import DEFAULT_GROUP, ConsumerInfo, ShardConsumer, ShardLag
-from ._dead_letters import DeadLetter, count_dead_letters, read_dead_letters
+from ._consumer import DEFAULT_GROUP, ConsumerInfo, ShardConsumer, ShardLag, Trimmed, trim_acknowledged
+from ._dead_letters import DeadLetter, cap_dead_letters, count_dead_letters, read_dead_letters
 from ._entry import Entry, as_text, id_key
-from ._fleet_meta import FleetMeta, ensure_fleet, ensure_fleet_sync, read_fleet_meta
+from ._fleet_meta import (
+    DEFAULT_SHARDS,
+    FleetMeta,
+    ensure_fleet,
+    ensure_fleet_sync,
+    existing_fleet,
+    join_fleet,
+    read_fleet_meta,
+)
+from ._job_outcome import (
+    RESULT_RETENTION_S,
+    DatasetResult,
+    JobOutcome,
+    beat_sync,
+    describe_failures,
+    encode_result,
+    heartbeat_interval,
+    heartbeat_ttl,
+    job_shards,
+    outcome_of,
+    read_outcome,
+    read_outcome_sync,
+)
 from ._keys import Keys
 from ._publisher import AsyncPublisher, SyncPublisher, plan_entries
 from ._routing import group_by_shard, shard_of, split_by_shard
 
 __all__ = [
+    "RESULT_RETENTION_S",
+    "DatasetResult",
+    "JobOutcome",
+    "beat_sync",
+    "describe_failures",
+    "encode_result",
+    "heartbeat_interval",
+    "heartbeat_ttl",
+    "job_shards",
+    "outcome_of",
+    "read_outcome",
+    "read_outcome_sync",
     "DEFAULT_ADMIN_MAXLEN",
     "DEFAULT_GROUP",
+    "DEFAULT_SHARDS",
     "AdminPublisher",
     "AsyncPublisher",
     "ConsumerInfo",
     "DeadLetter",
+    "Trimmed",
+    "cap_dead_letters",
+    "trim_acknowledged",
     "Entry",
     "FleetMeta",
     "Keys",
@@ -34,9 +72,11 @@ __all__ = [
     "as_text",
     "ensure_fleet",
     "ensure_fleet_sync",
+    "existing_fleet",
     "follow_admin",
     "group_by_shard",
     "id_key",
+    "join_fleet",
     "plan_entries",
     "raw_consume_rate",
     "read_admin_range",

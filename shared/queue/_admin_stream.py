@@ -4,14 +4,21 @@ Writers (workers, coordinators) append with ``MAXLEN ~ settings.admin.stream_max
 readers (``commitfleet events --follow``, the HTTP event stream, tests)
 follow it with XREAD. Entries that do not decode (for instance an event type
 of a newer fleet version) are skipped by readers and logged.
+
+Outcomes (``committed``, ``aborted``) go through :meth:`AdminPublisher.publish_outcome`:
+one Lua script sets the (dataset, job) marker, appends the entry and counts it,
+or does nothing when the marker is already there, so whoever finishes or finds
+the work finished can announce it and exactly one entry results.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import AsyncGenerator
+from typing import Final, Literal
 
 import redis.asyncio
+from redis.commands.core import AsyncScript
 
 from .._retry import RetryPolicy, retry
 from ..events import DATA_FIELD, AdminEvent, InvalidMessage, decode_admin, encode_admin
@@ -24,13 +31,35 @@ log = logging.getLogger(__name__)
 DEFAULT_ADMIN_MAXLEN = 100_000
 _DATA = DATA_FIELD.encode()
 
+# How long an outcome marker is kept: the same as the workers' ended-job records
+# (the default of the queue.ended_retention setting), the window in which a (dataset, job) can
+# still be replayed by a new owner.
+OUTCOME_RETENTION_S: Final = 7 * 86400
+
+Outcome = Literal["committed", "aborted"]
+
+# KEYS: admin stream, marker, counts hash (one slot: the admin stream's).
+# ARGV: data, maxlen, marker ttl (s), outcome.
+# Returns {1, new entry id} or {0, marker value "<outcome> <entry id>"}.
+_OUTCOME_SCRIPT: Final = """
+local prev = redis.call('GET', KEYS[2])
+if prev then
+  return {0, prev}
+end
+local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*', 'data', ARGV[1])
+redis.call('SET', KEYS[2], ARGV[4] .. ' ' .. id, 'EX', ARGV[3])
+redis.call('HINCRBY', KEYS[3], ARGV[4], 1)
+return {1, id}
+"""
+
 
 class AdminPublisher:
     """Appends admin events to the fleet's capped admin stream.
 
     The caller owns ``redis_client``. Transient errors are retried under
-    ``policy``; a retried append may duplicate an admin event (readers see
-    it twice; admin events are informational).
+    ``policy``; a retried :meth:`publish` may duplicate an informational
+    admin event (readers see it twice). Outcomes (``committed``,
+    ``aborted``) go through :meth:`publish_outcome`, which never does.
     """
 
     def __init__(
@@ -47,6 +76,7 @@ class AdminPublisher:
         self.keys = keys
         self.maxlen = maxlen
         self.policy = policy or RetryPolicy()
+        self._outcome_script: AsyncScript | None = None
 
     async def publish(self, ev: AdminEvent) -> bytes:
         """Append ``ev``; return its stream id.
@@ -67,6 +97,56 @@ class AdminPublisher:
             return as_bytes(entry_id)
 
         return await retry(send, self.policy)
+
+    async def publish_outcome(
+        self,
+        ev: AdminEvent,
+        *,
+        dataset: str,
+        job: str,
+        outcome: Outcome,
+        retention_s: float = OUTCOME_RETENTION_S,
+    ) -> bool:
+        """Append ``ev`` (the ``committed`` or ``aborted`` event of (dataset, job)) unless already announced.
+
+        One script, atomic: if the marker of (dataset, job) is absent, set it
+        (expiring after ``retention_s``), append the entry and add one to
+        ``outcome`` in :attr:`Keys.outcome_counts`; else do nothing. A retry
+        after an answer that got lost finds the marker, so it never appends twice.
+
+        Returns:
+            True when this call appended the entry; False when it was already
+            there (a marker with another outcome is logged as an error).
+
+        Raises:
+            TransientError: Redis stayed unreachable for the whole retry policy.
+        """
+        keys = [self.keys.admin, self.keys.outcome_marker(dataset, job), self.keys.outcome_counts]
+        args: list[bytes | str | int] = [encode_admin(ev), self.maxlen, max(1, int(retention_s)), outcome]
+
+        async def send() -> tuple[bool, bytes]:
+            with redis_errors("admin outcome script"):
+                reply = await self._script(keys=keys, args=args)
+            return bool(int(reply[0])), as_bytes(reply[1])
+
+        appended, value = await retry(send, self.policy)
+        if not appended:
+            previous = value.split(b" ", 1)[0].decode(errors="replace")
+            if previous != outcome:
+                log.error(
+                    "%s of %s/%s not announced: it was announced %s before",
+                    outcome,
+                    dataset,
+                    job,
+                    previous,
+                )
+        return appended
+
+    @property
+    def _script(self) -> AsyncScript:
+        if self._outcome_script is None:
+            self._outcome_script = self.redis.register_script(_OUTCOME_SCRIPT)
+        return self._outcome_script
 
 
 def _decoded(entries: list[Entry]) -> list[tuple[bytes, AdminEvent]]:
@@ -150,4 +230,11 @@ async def read_admin_range(
     return _decoded(entries_from_reply([[keys.admin, rows]]))
 
 
-__all__ = ["DEFAULT_ADMIN_MAXLEN", "AdminPublisher", "follow_admin", "read_admin_range"]
+__all__ = [
+    "DEFAULT_ADMIN_MAXLEN",
+    "OUTCOME_RETENTION_S",
+    "AdminPublisher",
+    "Outcome",
+    "follow_admin",
+    "read_admin_range",
+]

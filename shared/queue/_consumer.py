@@ -20,6 +20,7 @@ Consumer-group semantics (one group, ``workers``, per shard stream):
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -27,12 +28,15 @@ from typing import Any
 import redis.asyncio
 
 from .._errors import NotFound
+from .._logging import kv
 from ._connect import redis_errors
 from ._dead_letters import DEFAULT_MAX_COPY_BYTES, dead_letter_fields
 from ._entry import Entry, as_text, entries_from_raw, entries_from_reply, id_key, max_id
 from ._keys import Keys
 
 DEFAULT_GROUP = "workers"
+
+log = logging.getLogger("shared.queue")
 
 # XACK first, XADD to the dead stream only when the XACK removed the entry from
 # the pending list: atomic (both keys share the shard's hash tag) and idempotent,
@@ -48,20 +52,108 @@ return redis.call('XADD', KEYS[2], '*', unpack(fields))
 # Move up to ARGV[4] pending entries of consumer ARGV[2] to ARGV[3]. Filtered by
 # consumer name, never by idle time. When the dead consumer has nothing left it
 # is deleted (DELCONSUMER drops pending entries, so only once it has none).
-# Returns {claimed entries, number of ids that were pending}.
+# An entry deleted from the stream while pending (XDEL, trimming) is dropped
+# from the pending list by XCLAIM (Redis 7.0+) and not returned: it gets its
+# `deleted` dead letter here, in the same script, so it never vanishes in
+# silence and a retried script cannot write it twice (it is no longer pending).
+# Returns {claimed entries, number of ids that were pending, ids dead-lettered}.
 _CLAIM_LUA = """
 local pending = redis.call('XPENDING', KEYS[1], ARGV[1], '-', '+', tonumber(ARGV[4]), ARGV[2])
 local claimed = {}
+local gone = {}
 if #pending > 0 then
   local ids = {}
   for i, p in ipairs(pending) do ids[i] = p[1] end
   claimed = redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[3], 0, unpack(ids))
+  local got = {}
+  for _, e in ipairs(claimed) do got[e[1]] = true end
+  for _, id in ipairs(ids) do
+    if not got[id] then
+      redis.call('XADD', KEYS[2], '*', 'reason', 'deleted', 'detail', ARGV[7], 'stream_id', id,
+        'shard', ARGV[5], 'consumer', ARGV[3], 'dead_at', ARGV[6], 'truncated', '0')
+      gone[#gone + 1] = id
+    end
+  end
 end
 if #pending < tonumber(ARGV[4]) then
   redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[2])
 end
-return {claimed, #pending}
+return {claimed, #pending, gone}
 """
+_DELETED_DETAIL = "the entry was trimmed or deleted while pending: no content left"
+
+# Trim the acknowledged prefix of a stream, atomically (no entry can be
+# delivered between the look and the trim). The floor is, over EVERY group of
+# the stream, the smallest id still pending (to any consumer, a previous owner
+# included) or, for a group with nothing pending, the id just after its
+# last-delivered id. No group at all: nothing was ever consumed, keep all.
+# XINFO GROUPS' pending count is exact, so a group with pending entries always
+# contributes its smallest pending id (XPENDING summary form).
+# Returns {entries removed, floor id or false}.
+_TRIM_LUA = """
+local groups = redis.call('XINFO', 'GROUPS', KEYS[1])
+if #groups == 0 then return {0, false} end
+local floor_ms, floor_seq = nil, nil
+for _, g in ipairs(groups) do
+  local name, pending, last = nil, 0, '0-0'
+  for i = 1, #g, 2 do
+    if g[i] == 'name' then name = g[i + 1]
+    elseif g[i] == 'pending' then pending = tonumber(g[i + 1])
+    elseif g[i] == 'last-delivered-id' then last = g[i + 1] end
+  end
+  local ms, seq
+  if pending > 0 then
+    local summary = redis.call('XPENDING', KEYS[1], name)
+    local dash = string.find(summary[2], '-', 1, true)
+    ms, seq = tonumber(string.sub(summary[2], 1, dash - 1)), tonumber(string.sub(summary[2], dash + 1))
+  else
+    local dash = string.find(last, '-', 1, true)
+    ms, seq = tonumber(string.sub(last, 1, dash - 1)), tonumber(string.sub(last, dash + 1)) + 1
+  end
+  if floor_ms == nil or ms < floor_ms or (ms == floor_ms and seq < floor_seq) then
+    floor_ms, floor_seq = ms, seq
+  end
+end
+local floor = string.format('%d-%d', floor_ms, floor_seq)
+return {redis.call('XTRIM', KEYS[1], 'MINID', floor), floor}
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Trimmed:
+    """What one :func:`trim_acknowledged` did."""
+
+    removed: int
+    """Entries removed from the stream."""
+    floor: bytes | None
+    """Every entry below this id is gone; None when the stream has no consumer group (nothing removed)."""
+
+
+async def trim_acknowledged(redis_client: redis.asyncio.Redis, stream: str | bytes) -> Trimmed:
+    """Remove from ``stream`` every entry that every consumer group has delivered and had acknowledged.
+
+    One Lua script (one key): XINFO GROUPS, XPENDING's smallest id per group
+    with pending entries, then XTRIM MINID at the lowest of those floors, so an
+    entry still pending to any consumer (a previous owner's included) or not
+    yet delivered to some group is never removed. Workers acknowledge an entry
+    in the same MULTI as its effect on the shard state, so what this removes
+    is durable elsewhere. Idempotent; safe to retry and to run concurrently.
+
+    Returns:
+        How many entries were removed and the floor id.
+
+    Raises:
+        TransientError: Redis is unreachable.
+    """
+    with redis_errors("trim_acknowledged"):
+        try:
+            raw = await redis_client.eval(_TRIM_LUA, 1, stream)
+        except redis.ResponseError as exc:
+            if "no such key" in str(exc).lower():
+                return Trimmed(removed=0, floor=None)
+            raise
+    floor = raw[1]
+    return Trimmed(removed=int(raw[0]), floor=floor if isinstance(floor, bytes) else None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,7 +328,9 @@ class ShardConsumer:
         Each page is one Lua script (XPENDING for that consumer + XCLAIM), so
         only entries still pending to the dead consumer move; a dead consumer
         left with no pending entries is removed from the group. Entries
-        trimmed from the stream meanwhile are dropped by Redis (7.0+).
+        deleted from the stream meanwhile are dead-lettered (reason
+        ``deleted``) by the same script, since XCLAIM drops them (Redis 7.0+);
+        on older Redis they come back with empty fields (``Entry.deleted``).
         Never pass a live consumer: its in-flight entries would be taken.
 
         Returns:
@@ -251,10 +345,18 @@ class ShardConsumer:
             if name == self.consumer:
                 continue
             while True:
+                args: list[Any] = [self.group, name, self.consumer, page, self.shard, int(time.time() * 1000)]
                 with redis_errors("claim_from"):
-                    raw = await self._claim(keys=[self.stream], args=[self.group, name, self.consumer, page])
-                claimed, seen = entries_from_raw(raw[0]), int(raw[1])
+                    raw = await self._claim(
+                        keys=[self.stream, self.dead_stream], args=[*args, _DELETED_DETAIL]
+                    )
+                claimed, seen, gone = entries_from_raw(raw[0]), int(raw[1]), raw[2]
                 out.extend(claimed)
+                if gone:
+                    log.warning(
+                        "pending entries deleted from the stream were dead-lettered",
+                        extra=kv(shard=self.shard, consumer=name, ids=[as_text(i) for i in gone]),
+                    )
                 if seen < page:
                     break
         out.sort(key=lambda e: id_key(e.id))
@@ -303,4 +405,4 @@ class ShardConsumer:
         raise NotFound(f"no consumer group {self.group!r} on {self.stream}")
 
 
-__all__ = ["DEFAULT_GROUP", "ConsumerInfo", "ShardConsumer", "ShardLag"]
+__all__ = ["DEFAULT_GROUP", "ConsumerInfo", "ShardConsumer", "ShardLag", "Trimmed", "trim_acknowledged"]

@@ -10,13 +10,20 @@ A dead-letter entry (stream ``cf:<fleet>:{s<n>}:dead``) has these fields:
 ``shard``          the shard number
 ``consumer``       the consumer that rejected it
 ``dead_at``        milliseconds since the epoch
-``truncated``      ``1`` when an original value was cut at the copy limit
-``orig.<field>``   every original field (``orig.data``, ``orig.sig``), values
-                   cut at the copy limit (1 MiB + 1 KiB by default)
+``truncated``      ``1`` when an original value was cut at the copy limit, or
+                   fields beyond the first 32 were left out
+``orig.<field>``   the original fields (``orig.data``, ``orig.sig`` first, at
+                   most 32), values cut at the copy limit (the worker passes
+                   ``security.max_message_bytes``, default 1 MiB)
 =================  ==========================================================
 
 Original fields are prefixed so that a hostile message cannot forge our own
 fields.
+
+The dead stream is capped by count and by age (``cap_dead_letters``, run by
+the shard's owner on its trim timer; ``queue.dead_letter_maxlen`` and
+``queue.dead_letter_max_age``): a dead letter is for an operator to look at,
+not a record kept for ever.
 """
 
 from __future__ import annotations
@@ -32,7 +39,23 @@ from ._keys import Keys
 
 ORIG_PREFIX = b"orig."
 MAX_DETAIL_CHARS = 2000
-DEFAULT_MAX_COPY_BYTES = 1_048_576 + 1024
+DEFAULT_MAX_COPY_BYTES = 1_048_576
+"""The default cut-off of each copied value: ``security.max_message_bytes``'s default,
+so that any entry that was not ``oversized`` is kept whole and can be replayed."""
+MAX_COPIED_FIELDS = 32
+"""At most this many original fields are copied (``data`` and ``sig`` first): an entry
+with thousands of fields must not make the dead-letter write itself fail."""
+_FIRST = (b"data", b"sig")
+
+
+def _raw(value: object) -> bytes:
+    # Redis hands us bytes; anything else (a caller's str) is stored as its text.
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, bytearray | memoryview):
+        return bytes(value)
+    text = value if isinstance(value, str) else repr(value)
+    return text.encode("utf-8", "backslashreplace")
 
 
 def dead_letter_fields(
@@ -45,19 +68,29 @@ def dead_letter_fields(
     now_ms: int,
     max_copy_bytes: int = DEFAULT_MAX_COPY_BYTES,
 ) -> dict[bytes, bytes]:
-    """Return the fields of the dead-letter entry for ``entry`` (see the module doc)."""
+    """Return the fields of the dead-letter entry for ``entry`` (see the module doc).
+
+    Total: whatever the entry holds (any bytes, str, thousands of fields),
+    the result is bytes to bytes, at most :data:`MAX_COPIED_FIELDS` original
+    fields of at most ``max_copy_bytes`` each (``truncated`` says when
+    something was left out).
+    """
     truncated = False
     copied: dict[bytes, bytes] = {}
-    for name, value in entry.fields.items():
+    names = sorted(entry.fields, key=lambda n: _raw(n) not in _FIRST)  # stable: data, sig, then as sent
+    if len(names) > MAX_COPIED_FIELDS:
+        names, truncated = names[:MAX_COPIED_FIELDS], True
+    for name in names:
+        value = _raw(entry.fields[name])
         if len(value) > max_copy_bytes:
             value, truncated = value[:max_copy_bytes], True
-        copied[ORIG_PREFIX + name] = value
+        copied[ORIG_PREFIX + _raw(name)] = value
     return {
-        b"reason": reason.encode("utf-8", "replace")[:200],
-        b"detail": detail[:MAX_DETAIL_CHARS].encode("utf-8", "replace"),
-        b"stream_id": entry.id,
+        b"reason": reason.encode("utf-8", "backslashreplace")[:200],
+        b"detail": detail[:MAX_DETAIL_CHARS].encode("utf-8", "backslashreplace"),
+        b"stream_id": _raw(entry.id),
         b"shard": str(shard).encode(),
-        b"consumer": consumer.encode("utf-8", "replace"),
+        b"consumer": consumer.encode("utf-8", "backslashreplace"),
         b"dead_at": str(now_ms).encode(),
         b"truncated": b"1" if truncated else b"0",
         **copied,
@@ -154,8 +187,41 @@ async def count_dead_letters(redis_client: redis.asyncio.Redis, keys: Keys, shar
     return {s: int(n) for s, n in enumerate(lengths) if n}
 
 
+async def cap_dead_letters(
+    redis_client: redis.asyncio.Redis,
+    keys: Keys,
+    shard: int,
+    *,
+    maxlen: int,
+    max_age_s: float,
+    now_ms: int,
+) -> int:
+    """Drop the shard's dead letters beyond the newest ``maxlen`` and those older than ``max_age_s``.
+
+    A dead letter's id is given by Redis when it is written (``*``), so its
+    millisecond part is its age: XTRIM MINID by time, then XTRIM MAXLEN (exact,
+    so the cap is a cap). Idempotent.
+
+    Returns:
+        How many dead letters were removed.
+
+    Raises:
+        TransientError: Redis is unreachable.
+    """
+    floor = max(0, now_ms - int(max_age_s * 1000))
+    stream = keys.dead(shard)
+    with redis_errors("cap_dead_letters"):
+        async with redis_client.pipeline(transaction=False) as pipe:
+            pipe.xtrim(stream, minid=f"{floor}-0", approximate=False)
+            pipe.xtrim(stream, maxlen=maxlen, approximate=False)
+            by_age, by_count = await pipe.execute()
+    return int(by_age) + int(by_count)
+
+
 __all__ = [
+    "cap_dead_letters",
     "DEFAULT_MAX_COPY_BYTES",
+    "MAX_COPIED_FIELDS",
     "DeadLetter",
     "count_dead_letters",
     "ORIG_PREFIX",

@@ -1,4 +1,10 @@
-"""The fleet's meta record in Redis: its shard count, fixed at creation."""
+"""The fleet's meta record in Redis: its shard count, fixed at creation.
+
+The record is the authority on N. A process whose ``fleet.shards`` is not set
+(0, the default) takes the fleet's count from it (a new fleet is created with
+:data:`DEFAULT_SHARDS`); an explicit setting that disagrees with the record is
+a :class:`~shared.ConfigError`.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +15,12 @@ import redis
 import redis.asyncio
 
 from .._errors import ConfigError
+from .._settings import Settings
 from ._connect import redis_errors
 from ._keys import Keys
+
+DEFAULT_SHARDS = 64
+"""The shard count of a fleet created by a process that does not set ``fleet.shards``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,24 +36,26 @@ async def ensure_fleet(redis_client: redis.asyncio.Redis, fleet: str, shards: in
     """Record the fleet's shard count on first use, or check it against the record.
 
     The first caller (worker, coordinator or producer) fixes N for the fleet's
-    lifetime (HSETNX, atomic with the read-back in one MULTI/EXEC).
+    lifetime (HSETNX, atomic with the read-back in one MULTI/EXEC). With
+    ``shards`` 0 (not configured) the recorded count is adopted, and a new
+    fleet gets :data:`DEFAULT_SHARDS`.
 
     Returns:
-        The fleet's shard count (equal to ``shards``).
+        The fleet's shard count (equal to ``shards`` when that is not 0).
 
     Raises:
-        ConfigError: the fleet was created with another shard count, or the
-            meta key holds garbage.
+        ConfigError: ``shards`` is set and the fleet was created with another
+            count, or the meta key holds garbage.
         TransientError: Redis is unreachable.
 
     Cancellation: HSETNX is idempotent, so a cancelled call is simply repeated.
     """
-    if shards < 1:
-        raise ConfigError(f"fleet {fleet}: shards must be >= 1, got {shards}")
+    if shards < 0:
+        raise ConfigError(f"fleet {fleet}: shards must be >= 1 (or 0: the fleet's own count), got {shards}")
     key = Keys(fleet).meta
     with redis_errors("ensure_fleet"):
         async with redis_client.pipeline(transaction=True) as pipe:
-            pipe.hsetnx(key, "shards", str(shards))
+            pipe.hsetnx(key, "shards", str(shards or DEFAULT_SHARDS))
             pipe.hsetnx(key, "created_at", repr(time.time()))
             pipe.hget(key, "shards")
             _, _, recorded = await pipe.execute()
@@ -57,21 +69,22 @@ def _checked(fleet: str, shards: int, recorded: object) -> int:
         actual = -1
     if actual < 1:
         raise ConfigError(f"fleet {fleet}: meta record has a bad shard count {recorded!r}")
-    if actual != shards:
+    if shards and actual != shards:
         raise ConfigError(
-            f"fleet {fleet} was created with {actual} shards, this process is configured with {shards}"
+            f"fleet {fleet} was created with {actual} shards; this process is configured with {shards} "
+            "(fleet.shards): leave fleet.shards unset to use the fleet's own count"
         )
     return actual
 
 
 def ensure_fleet_sync(redis_client: redis.Redis, fleet: str, shards: int) -> int:
     """Blocking twin of :func:`ensure_fleet` (for producers without an event loop)."""
-    if shards < 1:
-        raise ConfigError(f"fleet {fleet}: shards must be >= 1, got {shards}")
+    if shards < 0:
+        raise ConfigError(f"fleet {fleet}: shards must be >= 1 (or 0: the fleet's own count), got {shards}")
     key = Keys(fleet).meta
     with redis_errors("ensure_fleet"):
         pipe = redis_client.pipeline(transaction=True)
-        pipe.hsetnx(key, "shards", str(shards))
+        pipe.hsetnx(key, "shards", str(shards or DEFAULT_SHARDS))
         pipe.hsetnx(key, "created_at", repr(time.time()))
         pipe.hget(key, "shards")
         recorded: object = pipe.execute()[2]
@@ -99,4 +112,46 @@ async def read_fleet_meta(redis_client: redis.asyncio.Redis, fleet: str) -> Flee
         raise ConfigError(f"fleet {fleet}: malformed meta record {raw!r}") from None
 
 
-__all__ = ["FleetMeta", "ensure_fleet", "ensure_fleet_sync", "read_fleet_meta"]
+async def join_fleet(redis_client: redis.asyncio.Redis, settings: Settings) -> Settings:
+    """Return ``settings`` with the fleet's shard count; create the fleet when new (workers, coordinators).
+
+    Raises:
+        ConfigError: ``fleet.shards`` is set and disagrees with the fleet's record.
+        TransientError: Redis is unreachable.
+    """
+    shards = await ensure_fleet(redis_client, settings.fleet.name, settings.fleet.shards)
+    return settings.with_shards(shards)
+
+
+async def existing_fleet(redis_client: redis.asyncio.Redis, settings: Settings) -> Settings:
+    """Return ``settings`` with the fleet's shard count, read from its record (never creates it).
+
+    For the operator commands (status, retry, skip): a typo in the fleet name
+    must not create a fleet.
+
+    Raises:
+        ConfigError: the fleet does not exist and ``fleet.shards`` is not set,
+            or ``fleet.shards`` is set and disagrees with the fleet's record.
+        TransientError: Redis is unreachable.
+    """
+    fleet, shards = settings.fleet.name, settings.fleet.shards
+    meta = await read_fleet_meta(redis_client, fleet)
+    if meta is None:
+        if shards:
+            return settings
+        raise ConfigError(
+            f"fleet {fleet} does not exist in Redis (no worker, coordinator or producer has used it): "
+            "check fleet.name and redis.url"
+        )
+    return settings.with_shards(_checked(fleet, shards, meta.shards))
+
+
+__all__ = [
+    "DEFAULT_SHARDS",
+    "FleetMeta",
+    "ensure_fleet",
+    "ensure_fleet_sync",
+    "existing_fleet",
+    "join_fleet",
+    "read_fleet_meta",
+]

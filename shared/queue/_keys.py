@@ -9,8 +9,14 @@ Layout (``<fleet>`` is the fleet name, ``<n>`` the shard number)::
     cf:<fleet>:{s<n>}:events        the shard's event stream (consumer group "workers")
     cf:<fleet>:{s<n>}:dead          the shard's dead-letter stream
     cf:<fleet>:{s<n>}:state:<name>  shard-local state owned by the shard's worker
+    cf:<fleet>:{s<n>}:alive:<job>   a job's liveness key: refreshed with a TTL by its driver
+    cf:<fleet>:{s<n>}:result:<job>  hash dataset -> outcome of a job's datasets on the shard (expires)
     cf:<fleet>:meta                 hash: shards, created_at
     cf:<fleet>:admin                the capped admin event stream
+    cf:<fleet>:{cf:<fleet>:admin}:outcome:<dataset>/<job>
+                                    the admin outcome marker of (dataset, job) (expires)
+    cf:<fleet>:{cf:<fleet>:admin}:outcomes
+                                    hash: exact committed / aborted counts
     cf:<fleet>:workers              fleet membership (owned by the fleet code)
     cf:<fleet>:<name>               any other fleet-level key (see Keys.fleet_key)
 """
@@ -71,6 +77,18 @@ class Keys:
             raise ValueError(f"bad state key name {name!r}")
         return f"{self.prefix}:{self.shard_tag(shard)}:state:{name}"
 
+    def job_alive(self, shard: int, job: str) -> str:
+        """Return the key a job's driver refreshes (``SET ... PX``) while it is alive, on one shard.
+
+        The job id is not checked here (the contract's job pattern has no
+        braces or colons); callers pass validated ids.
+        """
+        return f"{self.prefix}:{self.shard_tag(shard)}:alive:{job}"
+
+    def job_result(self, shard: int, job: str) -> str:
+        """Return the hash of the outcomes of a job's datasets on one shard (dataset -> result JSON)."""
+        return f"{self.prefix}:{self.shard_tag(shard)}:result:{job}"
+
     # -- fleet-level keys ----------------------------------------------------
 
     @property
@@ -87,6 +105,28 @@ class Keys:
     def workers(self) -> str:
         """Return the fleet membership key (its structure belongs to the fleet code)."""
         return f"{self.prefix}:workers"
+
+    @property
+    def admin_tag(self) -> str:
+        """Return ``{cf:<fleet>:admin}``: the hash tag of the admin stream's slot."""
+        return "{" + self.admin + "}"
+
+    def outcome_marker(self, dataset: str, job: str) -> str:
+        """Return the key of the admin outcome marker of (``dataset``, ``job``).
+
+        Set in the same script as the ``committed`` / ``aborted`` admin entry,
+        so that exactly one is appended per (dataset, job); same slot as the
+        admin stream. ``/`` separates the two (a dataset name has none).
+        Raises ValueError when ``dataset`` holds a ``/`` or either is empty.
+        """
+        if not dataset or not job or "/" in dataset:
+            raise ValueError(f"bad outcome marker names {dataset!r}, {job!r}")
+        return f"{self.prefix}:{self.admin_tag}:outcome:{dataset}/{job}"
+
+    @property
+    def outcome_counts(self) -> str:
+        """Return the hash of exact ``committed`` / ``aborted`` counts (the admin stream's slot)."""
+        return f"{self.prefix}:{self.admin_tag}:outcomes"
 
     def fleet_key(self, name: str) -> str:
         """Return a further fleet-level key ``cf:<fleet>:<name>``.

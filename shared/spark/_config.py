@@ -20,11 +20,17 @@ class ProducerConfig(msgspec.Struct, frozen=True, kw_only=True):
       ``shards=None`` the count recorded in Redis is used (the fleet must
       exist), otherwise it is checked against (or recorded into) Redis.
     - ``hmac_secret``: sign every message (empty: unsigned).
-    - ``job_timeout``: seconds after ``JobStarted`` at which the fleet aborts a
-      job that has not ended.
+    - ``job_timeout``: seconds the driver may stay silent before the fleet
+      aborts the job (the job context's heartbeat keeps a running job alive,
+      however long it runs).
+    - ``wait`` / ``wait_timeout``: on a clean exit, wait up to ``wait_timeout``
+      seconds for the fleet's outcome of every dataset (``commit_job(wait=...)``
+      overrides ``wait``).
     - ``app``: a free-text application name carried in ``JobStarted``.
     - ``upload_concurrency``: staged files written at once by one task.
     - ``redis_socket_timeout``: seconds per Redis command.
+    - ``preflight``: before the job starts, run one probe task on the executors
+      (package, store write and delete, Redis); off only to save its ~1 s.
     """
 
     redis_url: str
@@ -33,10 +39,13 @@ class ProducerConfig(msgspec.Struct, frozen=True, kw_only=True):
     shards: int | None = None
     store: StoreSettings = msgspec.field(default_factory=StoreSettings)
     hmac_secret: str = ""
-    job_timeout: float = 3600.0
+    job_timeout: float = 300.0
+    wait: bool = True
+    wait_timeout: float = 900.0
     app: str = ""
     upload_concurrency: int = 8
     redis_socket_timeout: float = 10.0
+    preflight: bool = True
 
     def __post_init__(self) -> None:
         if not self.store_url.startswith(("file://", "s3://", "gs://", "az://")):
@@ -47,6 +56,8 @@ class ProducerConfig(msgspec.Struct, frozen=True, kw_only=True):
             raise ConfigError(f"shards must be between 1 and 16384, got {self.shards}")
         if self.job_timeout <= 0:
             raise ConfigError(f"job_timeout must be > 0, got {self.job_timeout}")
+        if self.wait_timeout <= 0:
+            raise ConfigError(f"wait_timeout must be > 0, got {self.wait_timeout}")
         if self.upload_concurrency < 1:
             raise ConfigError(f"upload_concurrency must be >= 1, got {self.upload_concurrency}")
 
@@ -65,7 +76,7 @@ class ProducerConfig(msgspec.Struct, frozen=True, kw_only=True):
             redis_url=settings.redis.url,
             store_url=settings.store.url,
             fleet=settings.fleet.name,
-            shards=settings.fleet.shards,
+            shards=settings.fleet.shards or None,  # 0: the count recorded in Redis
             store=settings.store,
             hmac_secret=settings.security.hmac_secret,
             job_timeout=settings.worker.job_timeout if job_timeout is None else job_timeout,

@@ -6,22 +6,24 @@
         job.write_dataset(orders_df, "orders", watermarks=max_watermark("updated_at"))
         job.write_dataset(customers_df, "customers", partition_by=["country"])
 
-On entry ``JobStarted`` is published and the thread's Spark job group is set
-to the job id (``interruptOnCancel=True``), so the job's actions can be
-cancelled. ``write_dataset`` runs one action whose tasks stage Parquet and
+On entry ``JobStarted`` is published, a heartbeat thread starts keeping the
+job alive in the fleet (``_outcome.Heartbeat``), and the thread's Spark job
+group is set to the job id (``interruptOnCancel=True``), so the job's actions
+can be cancelled. ``write_dataset`` runs one action whose tasks stage Parquet and
 publish ``TaskFinished``; what the action returns names the winning attempt
 of each task. On a clean exit ``JobFinished`` carries, per dataset, the task
-count and the winners. On an exception the job group is cancelled (so
-Ctrl-C really stops the Spark job), ``JobCancelled`` or ``JobFailed`` is
-published, and the exception is re-raised. Staged files of a failed job stay
-where they are: the fleet cleans them up.
+count and the winners, and (by default) the driver waits for the fleet's
+outcome of every dataset: it returns when all committed and raises
+:class:`JobNotCommitted` naming each dataset that was not. On an exception
+the job group is cancelled (so Ctrl-C really stops the Spark job),
+``JobCancelled`` or ``JobFailed`` is published, and the exception is
+re-raised. Staged files of a failed job stay where they are: the fleet
+cleans them up.
 """
 
 from __future__ import annotations
 
 import logging
-import re
-import secrets
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -30,18 +32,20 @@ from typing import TYPE_CHECKING, Any
 
 from .._errors import BadInput, CommitfleetError
 from ..events import (
-    DEFAULT_DATASET_PATTERN,
     DatasetExpectation,
     JobCancelled,
     JobFailed,
-    JobFinished,
     JobStarted,
     QueueEvent,
-    check_dataset_segment,
     check_job,
 )
+from ..queue import DatasetResult
 from ._config import ProducerConfig
+from ._finish import FinishMixin
+from ._names import check_datasets, new_job_id, reason_text
+from ._outcome import Heartbeat
 from ._partitions import check_partition_columns
+from ._preflight import run_preflight
 from ._publishing import publish, resolve_shards
 from ._winners import TaskResult, expectation_from_results, looks_cancelled
 from ._writer import Watermarks, WriteSpec, write_partition
@@ -51,8 +55,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_DATASET_RE = re.compile(DEFAULT_DATASET_PATTERN)
-_MAX_REASON = 2000
 _GROUP_KEYS = ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel")
 
 
@@ -60,37 +62,7 @@ class JobCancelledError(CommitfleetError):
     """The commitfleet job was cancelled (``JobContext.cancel``) before or between actions."""
 
 
-def new_job_id(app: str = "") -> str:
-    """Return a fresh job id: ``<app>-<UTC time>-<random>`` (matches the contract's job pattern)."""
-    stem = re.sub(r"[^A-Za-z0-9_.-]", "-", app)[:60].strip("-._") or "job"
-    return f"{stem}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{secrets.token_hex(4)}"
-
-
-def check_datasets(datasets: Iterable[str]) -> tuple[str, ...]:
-    """Return the job's dataset names, checked.
-
-    Raises:
-        BadInput: none given, a repeat, or a name outside the contract's
-            default dataset pattern.
-    """
-    names = tuple(datasets)
-    if not names:
-        raise BadInput("a job needs at least one dataset")
-    if len(set(names)) != len(names):
-        raise BadInput(f"datasets repeat a name: {list(names)}")
-    for name in names:
-        check_dataset_segment(name)
-        if not _DATASET_RE.fullmatch(name):
-            raise BadInput(f"dataset {name!r} does not match {DEFAULT_DATASET_PATTERN}")
-    return names
-
-
-def _reason(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}".strip()
-    return text if len(text) <= _MAX_REASON else text[: _MAX_REASON - 3] + "..."
-
-
-class JobContext:
+class JobContext(FinishMixin):
     """One open commitfleet job on the driver (made by :func:`commit_job`).
 
     Thread safety: :meth:`cancel` may be called from any thread, and
@@ -108,6 +80,8 @@ class JobContext:
         self._writing: set[str] = set()
         self._lock = threading.Lock()
         self._cancel_reason: str | None = None
+        self._results: dict[str, DatasetResult] = {}
+        self._finishing = False  # the body is over: the heartbeat no longer cancels
 
     @property
     def job_id(self) -> str:
@@ -129,6 +103,16 @@ class JobContext:
         """What ``JobFinished`` will promise so far: dataset -> tasks and winners (a copy)."""
         with self._lock:
             return dict(self._expectations)
+
+    @property
+    def results(self) -> dict[str, DatasetResult]:
+        """The fleet's outcome per dataset once ``commit_job`` has waited for it (else empty).
+
+        Each result has ``status`` (``committed``), ``files``, ``bytes`` and
+        ``manifest`` (the manifest's key under the store root).
+        """
+        with self._lock:
+            return dict(self._results)
 
     @property
     def cancel_reason(self) -> str | None:
@@ -261,15 +245,6 @@ class JobContext:
         if missing:
             raise BadInput(f"job {self._job_id} ended without writing datasets {missing}")
 
-    def _publish_finished(self) -> None:
-        self._publish(
-            JobFinished(
-                job=self._job_id,
-                datasets={d: self.expectations[d] for d in self._datasets},
-                finished_at=time.time(),
-            )
-        )
-
     def _abort(self, exc: BaseException) -> None:
         """Cancel the Spark job group and publish JobCancelled or JobFailed for ``exc``."""
         from py4j.protocol import Py4JError
@@ -281,7 +256,9 @@ class JobContext:
         except (Py4JError, AttributeError) as cancel_exc:
             log.warning("could not cancel Spark job group %s: %s", self._job_id, cancel_exc)
         requested = self.cancel_reason
-        reason = _reason(exc)
+        if requested is not None:
+            exc.add_note(f"commitfleet: job {self._job_id} cancelled: {requested}")
+        reason = reason_text(exc)
         if requested is not None or isinstance(exc, KeyboardInterrupt) or looks_cancelled(reason):
             why = requested or (
                 "interrupted (KeyboardInterrupt)" if isinstance(exc, KeyboardInterrupt) else reason
@@ -310,11 +287,17 @@ def commit_job(
     datasets: Iterable[str] = (),
     *,
     config: ProducerConfig,
+    wait: bool | None = None,
 ) -> Iterator[JobContext]:
     """Open a commitfleet job around Spark actions; see the module docstring.
 
     ``job_id`` defaults to :func:`new_job_id` (``<app>-<time>-<random>``);
-    a retried run of a pipeline must use a new id.
+    a retried run of a pipeline must use a new id. While the block runs (and
+    while waiting for the outcome) a heartbeat thread keeps the job alive in
+    the fleet. ``wait`` (default ``config.wait``, True) makes a clean exit
+    wait up to ``config.wait_timeout`` seconds for the fleet's outcome of
+    every dataset, available afterwards as :attr:`JobContext.results`;
+    ``wait=False`` returns once ``JobFinished`` is published.
 
     Yields:
         The :class:`JobContext` to write datasets through.
@@ -327,6 +310,12 @@ def commit_job(
             ran) or JobFinished (then the fleet aborts the job at its timeout).
         JobCancelledError: :meth:`JobContext.cancel` was called and the body
             ended without another error (``JobCancelled`` was published).
+        JobNotCommitted: a dataset was aborted (failed, timed out, skipped),
+            quarantined or blocked, or the fleet had ended part of the job
+            before ``JobFinished`` (then the rest got ``JobFailed``); the
+            message names each dataset and its reason.
+        OutcomeTimeout: waiting, no outcome within ``config.wait_timeout``
+            (the job may still commit).
         Whatever the body raises, after ``JobFailed`` / ``JobCancelled``.
     """
     job = job_id or new_job_id(config.app)
@@ -337,6 +326,7 @@ def commit_job(
     names = check_datasets(datasets)
     resolved = resolve_shards(config)
     ctx = JobContext(spark, job, names, resolved)
+    run_preflight(spark, job, resolved)  # executors can import, write, reach Redis (spark: _preflight.py)
     saved = ctx._group_properties()
     ctx._publish(
         JobStarted(
@@ -347,20 +337,35 @@ def commit_job(
             app=resolved.app,
         )
     )
+    heartbeat = Heartbeat(resolved, job, names, on_beat=ctx._on_beat)
+    heartbeat.start()
     try:
         ctx._set_job_group(f"commitfleet {job}")
+        # The executors' preflight (a one-partition probe) belongs here, before
+        # the body's first write: a failure aborts the job like any exception.
         try:
             yield ctx
             ctx._raise_if_cancelled()
             ctx._check_complete()
         except BaseException as exc:
+            ctx._stop_cancelling()
             ctx._abort(exc)
             raise
+        ctx._stop_cancelling()
         # Not inside the abort path: JobFinished may have reached some shards
         # when publishing fails, and a JobFailed after it would split the job.
         ctx._publish_finished()
+        if resolved.wait if wait is None else wait:
+            ctx._wait(resolved.wait_timeout)
     finally:
+        heartbeat.stop()
         ctx._restore_group_properties(saved)
 
 
-__all__ = ["JobCancelledError", "JobContext", "check_datasets", "commit_job", "new_job_id"]
+__all__ = [
+    "JobCancelledError",
+    "JobContext",
+    "check_datasets",
+    "commit_job",
+    "new_job_id",
+]

@@ -16,6 +16,18 @@
 4. yields one :class:`~._winners.TaskResult` (also for an empty partition), so
    the action's result holds exactly one winning attempt per task.
 
+A killed attempt sees its partition cut short (PySpark ends the rows at the
+closed socket, see :mod:`._task_input`), so the task checks that the executor
+still holds its input open once the rows are read (before staging) and again
+before publishing: an attempt that did not receive its whole partition never
+publishes, it raises :class:`~._task_input.TaskInterrupted`.
+
+Errors that no retry can fix (:class:`~shared.ConfigError`, e.g. missing store
+credentials, and :class:`~shared.BadInput`) are not raised, which would make
+Spark run the task again ``spark.task.maxFailures`` times: the attempt returns
+them in its result and the driver fails the job at once with one error
+(:func:`~._winners.expectation_from_results`).
+
 Clients (store, Redis) are cached per Python worker process, not per task.
 """
 
@@ -30,14 +42,16 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .._errors import BadInput, CommitfleetError, TransientError
+from .._aio import TaskGroup
+from .._errors import BadInput, CommitfleetError, ConfigError, TransientError
 from ..events import StagedFile, TaskFinished, staged_key
 from ..storage import ObjectStore
 from ._config import ProducerConfig
 from ._executor_runtime import process_runtime
 from ._partitions import split_table
 from ._publishing import publish
-from ._winners import TaskResult
+from ._task_input import require_alive
+from ._winners import TaskResult, hopeless_kind
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -204,7 +218,8 @@ async def upload_files(
 ) -> list[StagedFile]:
     """Write every file create-if-absent, at most ``concurrency`` at once; return them as StagedFiles.
 
-    Raises:
+    Raises (one error, never an ExceptionGroup: see :func:`one_error`):
+        ConfigError: the store refused the configuration (e.g. no credentials).
         PreconditionFailed: a file of this attempt already exists.
         TransientError: the store failed, or reported another size than written.
 
@@ -222,10 +237,39 @@ async def upload_files(
             path=rel, size=len(data), md5=hashlib.md5(data, usedforsecurity=False).hexdigest()
         )
 
-    async with asyncio.TaskGroup() as tg:
-        for rel, data in files.items():
-            tg.create_task(one(rel, data))
+    try:
+        async with TaskGroup() as tg:
+            for rel, data in files.items():
+                tg.create_task(one(rel, data))
+    except* CommitfleetError as group:
+        # One error per file would say the same thing N times (and an
+        # ExceptionGroup hides the cause from callers that sort errors by class).
+        raise one_error(group) from None
     return [staged[rel] for rel in sorted(staged)]
+
+
+_PRECEDENCE: tuple[type[CommitfleetError], ...] = (ConfigError, BadInput)
+
+
+def one_error(group: BaseExceptionGroup[CommitfleetError]) -> CommitfleetError:
+    """Return the one error that stands for a group of per-file errors (pure).
+
+    A hopeless error (ConfigError, then BadInput) wins over the others, since
+    retrying cannot fix it; otherwise the first error. Its message says how
+    many files failed. The chosen error keeps its class and its cause.
+    """
+    errors = [e for e in _leaves(group) if isinstance(e, CommitfleetError)]
+    chosen = next((e for cls in _PRECEDENCE for e in errors if isinstance(e, cls)), errors[0])
+    if len(errors) > 1:
+        chosen.add_note(f"commitfleet: {len(errors)} staged files failed; this is one of them")
+    return chosen
+
+
+def _leaves(group: BaseExceptionGroup[Any]) -> list[BaseException]:
+    out: list[BaseException] = []
+    for e in group.exceptions:
+        out.extend(_leaves(e) if isinstance(e, BaseExceptionGroup) else [e])
+    return out
 
 
 def write_partition(spec: WriteSpec, rows: Iterable[Any]) -> Iterator[TaskResult]:
@@ -234,9 +278,13 @@ def write_partition(spec: WriteSpec, rows: Iterable[Any]) -> Iterator[TaskResult
     Must run inside a Spark task. The task index is
     ``TaskContext.partitionId()``, the attempt ``TaskContext.attemptNumber()``.
 
+    Yields a result carrying the error instead of raising when the error is
+    hopeless (ConfigError, BadInput: see :func:`~._winners.hopeless_kind`), so
+    Spark does not retry it; the driver raises it.
+
     Raises (failing the task attempt, which Spark may retry):
+        TaskInterrupted: Spark killed the attempt; nothing more is staged or published.
         TransientError / PreconditionFailed / OutcomeUnknown: staging or publishing failed.
-        BadInput: bad watermarks, or an event the fleet would reject.
         InjectedTaskFailure: fault injection (``spec.fail_once_tasks``), after publishing.
     """
     from pyspark import TaskContext
@@ -246,8 +294,20 @@ def write_partition(spec: WriteSpec, rows: Iterable[Any]) -> Iterator[TaskResult
         raise RuntimeError("write_partition must run inside a Spark task")
     task = tc.partitionId()
     attempt = tc.attemptNumber()
+    try:
+        staged = _stage_and_publish(spec, rows, task, attempt)
+    except (ConfigError, BadInput) as exc:
+        yield TaskResult(task=task, attempt=attempt, files=[], error=str(exc), error_kind=hopeless_kind(exc))
+        return
+    if task in spec.fail_once_tasks and attempt == 0:
+        raise InjectedTaskFailure(f"fault injection: task {task} attempt 0 fails after publishing")
+    yield TaskResult(task=task, attempt=attempt, files=staged)
 
+
+def _stage_and_publish(spec: WriteSpec, rows: Iterable[Any], task: int, attempt: int) -> list[StagedFile]:
     files, marks = encode_partition(rows, spec, task)
+    # The rows ended: at the end of the partition, or where a kill cut them.
+    require_alive(task, attempt, "staging")
     runtime = process_runtime()
     store = runtime.store(spec.config.store_url, spec.config.store)
 
@@ -264,10 +324,11 @@ def write_partition(spec: WriteSpec, rows: Iterable[Any]) -> Iterator[TaskResult
         watermarks=marks,
         finished_at=time.time(),
     )
+    # A kill during the upload: the partition was whole, but Spark has
+    # discarded this attempt; its staged files are the fleet's to clean up.
+    require_alive(task, attempt, "publishing")
     publish(spec.config, event)
-    if task in spec.fail_once_tasks and attempt == 0:
-        raise InjectedTaskFailure(f"fault injection: task {task} attempt 0 fails after publishing")
-    yield TaskResult(task=task, attempt=attempt, files=staged)
+    return staged
 
 
 __all__ = [
@@ -278,6 +339,7 @@ __all__ = [
     "WriteSpec",
     "encode_partition",
     "max_watermark",
+    "one_error",
     "rows_to_table",
     "upload_files",
     "watermark_int",

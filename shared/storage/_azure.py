@@ -191,6 +191,10 @@ class AzureStore(PrefixedStore):
             checksum=_md5_hex(props.content_settings.content_md5),
         )
 
+    async def head_md5(self, key: str) -> ObjectInfo:
+        """Return :meth:`head`'s answer: its checksum is the stored MD5 where this store keeps one."""
+        return await self.head(key)
+
     async def _upload(self, key: str, data: bytes, op: Op, **cond: Any) -> ObjectInfo:
         full = self._full(key)
         try:
@@ -226,9 +230,10 @@ class AzureStore(PrefixedStore):
                 return
             raise err from exc
 
-    async def copy(self, src: str, dst: str) -> ObjectInfo:
+    async def copy(self, src: str, dst: str, *, source: ObjectInfo | None = None) -> ObjectInfo:
         """Server-side copy; returns dst's info. Raises NotFound when ``src`` is missing.
 
+        With ``source``, pinned to its ETag (``x-ms-source-if-match``; 412: PreconditionFailed).
         A pending copy is polled (every 50 ms, for at most ``request_timeout``); one that fails or is
         aborted raises TransientError.
         """
@@ -236,8 +241,13 @@ class AzureStore(PrefixedStore):
         what = f"{full_src} -> {full_dst}"
         cc = self._cc()
         dst_client = cc.get_blob_client(full_dst)
+        pin: dict[str, Any] = (
+            {}
+            if source is None
+            else {"source_etag": source.version, "source_match_condition": MatchConditions.IfNotModified}
+        )
         try:
-            started = await dst_client.start_copy_from_url(cc.get_blob_client(full_src).url)
+            started = await dst_client.start_copy_from_url(cc.get_blob_client(full_src).url, **pin)
             status = started.get("copy_status")
             deadline = time.monotonic() + self._settings.request_timeout
             while True:
@@ -251,6 +261,10 @@ class AzureStore(PrefixedStore):
                     )
                 await asyncio.sleep(_COPY_POLL)
         except AzureError as exc:
+            if source is not None and getattr(exc, "status_code", None) == 412:
+                raise PreconditionFailed(
+                    f"Azure copy {what}: the source moved since {source.version}"
+                ) from exc
             raise translate_error(exc, "copy", what) from exc
         if status != "success":
             raise TransientError(f"Azure copy {what}: ended {status}: {props.copy.status_description}")

@@ -64,6 +64,10 @@ class FaultyStore(StoreLifecycle):
         self._before(f"head {key}")
         return await self._inner.head(key)
 
+    async def head_md5(self, key: str) -> ObjectInfo:
+        self._before(f"checksum {key}")
+        return await self._inner.head_md5(key)
+
     async def write(self, key: str, data: bytes) -> ObjectInfo:
         return await self._mutate(f"write {key}", lambda: self._inner.write(key, data))
 
@@ -76,8 +80,8 @@ class FaultyStore(StoreLifecycle):
     async def delete(self, key: str) -> None:
         await self._mutate(f"delete {key}", lambda: self._inner.delete(key))
 
-    async def copy(self, src: str, dst: str) -> ObjectInfo:
-        return await self._mutate(f"copy {src}", lambda: self._inner.copy(src, dst))
+    async def copy(self, src: str, dst: str, *, source: ObjectInfo | None = None) -> ObjectInfo:
+        return await self._mutate(f"copy {src}", lambda: self._inner.copy(src, dst, source=source))
 
     async def list(self, prefix: str = "", *, page_size: int = 1000) -> AsyncIterator[ObjectInfo]:
         self._before(f"list {prefix}")

@@ -149,6 +149,10 @@ class GcsStore(PrefixedStore):
             raise translate_error(exc, "read", full) from exc
         return _info(key, meta)
 
+    async def head_md5(self, key: str) -> ObjectInfo:
+        """Return :meth:`head`'s answer: its checksum is the stored MD5 where this store keeps one."""
+        return await self.head(key)
+
     async def _upload(self, key: str, data: bytes, op: Op, generation: str | None) -> ObjectInfo:
         full = self._full(key)
         params = {} if generation is None else {"ifGenerationMatch": generation}
@@ -192,12 +196,17 @@ class GcsStore(PrefixedStore):
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise translate_error(exc, "delete", full) from exc
 
-    async def copy(self, src: str, dst: str) -> ObjectInfo:
-        """Server-side copy (``rewriteTo``); returns dst's info. Raises NotFound when ``src`` is missing."""
+    async def copy(self, src: str, dst: str, *, source: ObjectInfo | None = None) -> ObjectInfo:
+        """Server-side copy (``rewriteTo``); returns dst's info. Raises NotFound when ``src`` is missing.
+
+        With ``source``, pinned by ``ifSourceGenerationMatch`` (412: PreconditionFailed). GCS
+        enforces it; fake-gcs-server ignores it (the answer's md5Hash still tells what was copied).
+        """
         full_src, full_dst = self._full(src), self._full(dst)
+        params = {} if source is None else {"ifSourceGenerationMatch": source.version}
         try:
             resp = await self._client().copy(
-                self._bucket, full_src, self._bucket, new_name=full_dst, timeout=self._timeout
+                self._bucket, full_src, self._bucket, new_name=full_dst, params=params, timeout=self._timeout
             )
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise translate_error(exc, "copy", f"{full_src} -> {full_dst}") from exc

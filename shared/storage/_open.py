@@ -27,13 +27,21 @@ def open_store(url: str, settings: StoreSettings | None = None) -> ObjectStore:
 
     The adapter is not connected yet; use it as an async context manager.
     With ``settings.chaos_fault_rate`` > 0 it is wrapped in a
-    :class:`~shared.storage._faults.FaultyStore` (chaos testing only).
+    :class:`~shared.storage._faults.FaultyStore` (chaos testing only); with
+    ``settings.model_latency_ms`` > 0 in a :class:`~shared.storage._latency.LatencyStore`
+    (benchmarks only).
 
     Raises:
         ConfigError: unknown scheme, missing bucket, or a bad path.
     """
     settings = settings or StoreSettings()
     store = _adapter(url, settings)
+    if settings.model_latency_ms > 0:
+        from ._latency import LatencyModel, LatencyStore
+
+        store = LatencyStore(
+            store, LatencyModel(settings.model_latency_ms / 1000, settings.model_latency_p99_ms / 1000)
+        )
     if settings.chaos_fault_rate > 0:
         from ._faults import FaultyStore
 

@@ -7,7 +7,8 @@ adapter's stamp); conditional writes compare it.
 
 Every method raises only :mod:`shared._errors` exceptions:
 ``NotFound``, ``PreconditionFailed``, ``TransientError`` (incl. ``Throttled``),
-``OutcomeUnknown``, ``BadInput`` (unsafe key) and ``ConfigError``.
+``OutcomeUnknown``, ``BadInput`` (unsafe key; ``LinkRefused``: a symbolic link
+met by the local store, which never follows one) and ``ConfigError``.
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ def check_key(key: str) -> str:
 
     Raises:
         BadInput: empty, absolute, with empty/``.``/``..`` segments, control
-            characters or backslashes, or inside the reserved ``.cf/`` area.
+            characters, backslashes or lone surrogates, or inside the reserved
+            ``.cf/`` area.
     """
     if not key or len(key) > 1024:
         raise BadInput(f"object key must be 1..1024 characters: {key!r}")
@@ -62,6 +64,11 @@ def check_key(key: str) -> str:
         raise BadInput(f"object key must be relative: {key!r}")
     if _BAD_CHARS.search(key):
         raise BadInput(f"object key has control characters or backslashes: {key!r}")
+    if not key.isascii():
+        try:
+            key.encode("utf-8")
+        except UnicodeEncodeError as exc:  # lone surrogates: no store can name them
+            raise BadInput(f"object key is not valid Unicode: {key!r}") from exc
     parts = key.split("/")
     for part in parts:
         if part in ("", ".", ".."):
@@ -104,6 +111,18 @@ class ObjectStore(Protocol):
         """Return size, version and checksum without the bytes. Raises NotFound."""
         ...
 
+    async def head_md5(self, key: str) -> ObjectInfo:
+        """Return the object's info with ``checksum`` filled wherever this store can.
+
+        The stored MD5 (S3 single-part ETag, GCS ``md5Hash``, Azure
+        Content-MD5: the same answer as :meth:`head`), or on local files the
+        MD5 computed by reading the file. ``checksum`` is None only where the
+        store keeps no MD5 of this object (S3 multipart or SSE-KMS uploads,
+        GCS composite objects, Azure blobs committed from blocks without
+        Content-MD5): then no checksum can be compared. Raises NotFound.
+        """
+        ...
+
     async def write(self, key: str, data: bytes) -> ObjectInfo:
         """Write unconditionally (create or replace) and return the new info."""
         ...
@@ -129,11 +148,20 @@ class ObjectStore(Protocol):
         """Delete the object; deleting a missing object is not an error."""
         ...
 
-    async def copy(self, src: str, dst: str) -> ObjectInfo:
+    async def copy(self, src: str, dst: str, *, source: ObjectInfo | None = None) -> ObjectInfo:
         """Server-side copy ``src`` to ``dst`` (replacing it); returns dst's info.
+
+        ``source``: ``src``'s info as read just before (``head``/``head_md5``).
+        The copy is then pinned: made only while ``src`` is still at
+        ``source.version`` (S3 ``CopySourceIfMatch``, GCS
+        ``ifSourceGenerationMatch``, Azure source ETag, local files: the
+        opened file's version), so dst holds exactly the bytes ``source``
+        describes. Without it, each adapter copies whatever ``src`` holds.
 
         Raises:
             NotFound: ``src`` does not exist.
+            PreconditionFailed: ``source`` was given and ``src`` has moved
+                since (nothing was copied).
         """
         ...
 

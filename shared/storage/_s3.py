@@ -201,6 +201,10 @@ class S3Store(PrefixedStore):
             raise translate_error(exc, "read", full) from exc
         return self._info(key, int(resp["ContentLength"]), resp["ETag"])
 
+    async def head_md5(self, key: str) -> ObjectInfo:
+        """Return :meth:`head`'s answer: its checksum is the stored MD5 where this store keeps one."""
+        return await self.head(key)
+
     async def _put(self, key: str, data: bytes, op: Op, **cond: str) -> ObjectInfo:
         full = self._full(key)
         s3 = await self._s3()
@@ -231,13 +235,15 @@ class S3Store(PrefixedStore):
         except (BotoCoreError, ClientError) as exc:
             raise translate_error(exc, "delete", full) from exc
 
-    async def copy(self, src: str, dst: str) -> ObjectInfo:
+    async def copy(self, src: str, dst: str, *, source: ObjectInfo | None = None) -> ObjectInfo:
         """Server-side copy; returns dst's info. Raises NotFound when ``src`` is missing.
 
-        The source is pinned to the ETag read just before (``CopySourceIfMatch``), so the size
-        returned belongs to the bytes copied; a source replaced in between answers TransientError.
+        The source is pinned to its ETag (``CopySourceIfMatch``): ``source``'s when given (a
+        source that moved since answers PreconditionFailed), else one read just before (a source
+        replaced in between answers TransientError); so the size returned belongs to the bytes copied.
+        AWS enforces the pin; moto (5.2) ignores it (the answer's ETag still tells what was copied).
         """
-        info = await self.head(src)
+        info = source if source is not None else await self.head(src)
         full_src, full_dst = self._full(src), self._full(dst)
         s3 = await self._s3()
         try:
@@ -249,7 +255,7 @@ class S3Store(PrefixedStore):
             )
         except (BotoCoreError, ClientError) as exc:
             err = translate_error(exc, "copy", f"{full_src} -> {full_dst}")
-            if isinstance(err, PreconditionFailed):  # the source moved since head(): try again
+            if isinstance(err, PreconditionFailed) and source is None:  # moved since head(): try again
                 raise TransientError(str(err)) from exc
             raise err from exc
         return self._info(dst, info.size, resp["CopyObjectResult"]["ETag"])

@@ -95,6 +95,8 @@ def e2e(redis_server: RedisHandle, tmp_path_factory: pytest.TempPathFactory) -> 
         "e2e" + secrets.token_hex(4),
         shards=SHARDS,
         security={"hmac_secret": SECRET},
+        # Keep acknowledged entries: tests read the events of their jobs back from the streams.
+        queue={"trim_interval": 0.0},
     )
     config = write_config(settings, base / "fleet.toml")
     client = redis.Redis.from_url(settings.redis.url)

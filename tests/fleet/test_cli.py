@@ -24,6 +24,7 @@ import aiohttp
 import jsonschema  # type: ignore[import-untyped]
 import pytest
 
+from coordinator._procs import FleetProcess
 from coordinator._status import fleet_status
 from shared.commit import list_unfinished, read_manifest
 from shared.events import (
@@ -38,6 +39,7 @@ from shared.events import (
     manifest_key,
     wal_key,
 )
+from shared.queue import Keys
 from tests._support.ports import free_port
 from tests._support.wait import wait_for
 
@@ -211,12 +213,13 @@ async def test_status_events_audit_and_http_api(fleet: Fleet) -> None:
     assert res.rc == 0, res.err
     assert f"fleet {fleet.settings.fleet.name}" in res.out
     assert "leader c1" in res.out
-    rows = {ln.split()[1]: ln for ln in res.out.splitlines() if re.match(r"^\S\s+w[12]\s", ln)}
+    rows = {ln.split()[0]: ln for ln in res.out.splitlines() if re.match(r"^\s*w[12]\s", ln)}
     assert set(rows) == {"w1", "w2"}, res.out
     assert all(re.search(r"\s4\s", ln) for ln in rows.values()), res.out  # 4 shards each
-    assert "shards moving 0  unowned 0" in res.out
-    assert re.search(r"j-open\s.*eps:open", res.out), res.out
-    assert re.search(r"j-wait\s.*eta:waiting", res.out), res.out
+    assert "moving 0  unowned 0" in res.out
+    assert "open jobs 2  datasets waiting for tasks 1  queued 0  running 0  quarantined 0" in res.out, res.out
+    assert re.search(r"j-open\s.*open 1", res.out), res.out
+    assert re.search(r"j-wait\s.*waiting 1", res.out), res.out
     assert re.search(row("eta", "j-wait", "waiting"), res.out), res.out
     assert "no quarantined datasets" in res.out
 
@@ -627,3 +630,65 @@ async def test_worker_refuses_a_fleet_with_another_shard_count(fleet: Fleet) -> 
     assert f"was created with {fleet.settings.fleet.shards} shards" in line, line
     live, _dead = await fleet.registry.members()
     assert "wrong-n" not in live
+
+
+def config_without_shards(fleet: Fleet, path: Path) -> Path:
+    """Write the fleet's config with no ``fleet.shards``: every process must take the fleet's own count."""
+    text, n = re.subn(r"(?m)^shards = \d+\n", "", fleet.config.read_text())
+    assert n == 1
+    path.write_text(text)
+    return path
+
+
+async def test_every_command_takes_the_shard_count_from_the_fleet(fleet: Fleet, tmp_path: Path) -> None:
+    """The fleet's record in Redis says N (8 here, not the 64 a new fleet gets); nobody needs to repeat it."""
+    cfg = config_without_shards(fleet, tmp_path / "no-shards.toml")
+    n = fleet.settings.fleet.shards
+    assert n != 64
+    c1 = FleetProcess("coordinator", "c1", cfg, fleet.log_dir)
+    w1 = FleetProcess("worker", "w1", cfg, fleet.log_dir)
+    fleet.procs += [c1, w1]
+    await wait_for(lambda: fleet.owners_settled({"w1"}), timeout=60, what="w1 owns all 8 shards")
+    await fleet.publisher.publish_many(await good_job(fleet.store, "j1", ["alpha", "beta"], tasks=1))
+    await wait_for(lambda: committed(fleet.store, ["alpha", "beta"], "j1"), what="j1 commits")
+
+    res = await cli("status", "--config", cfg, "--json")
+    assert res.rc == 0, res.err
+    doc = json.loads(res.out)
+    assert doc["shards"] == n
+    assert len(doc["shard_table"]) == n
+    assert sorted(s for w in doc["workers"] for s in w["shards"]) == list(range(n))
+    res = await cli("status", "--config", cfg)
+    assert res.rc == 0, res.err
+    assert f"shards {n} " in res.out, res.out
+
+    # Only an explicit setting that disagrees is an error, and it says which count is whose.
+    res = await cli("status", "--config", cfg, env=cli_env(COMMITFLEET_FLEET_SHARDS="64"))
+    assert res.rc == 2, (res.rc, res.out, res.err)
+    (line,) = res.err.splitlines()
+    assert line.startswith("commitfleet: config error:"), line
+    assert f"was created with {n} shards; this process is configured with 64" in line, line
+    res = await cli("status", "--config", cfg, env=cli_env(COMMITFLEET_FLEET_SHARDS=str(n)))
+    assert res.rc == 0, res.err
+
+    # A fleet that does not exist is named, not created.
+    res = await cli("status", "--config", cfg, env=cli_env(COMMITFLEET_FLEET_NAME="nosuchfleet"))
+    assert res.rc == 2, (res.rc, res.out, res.err)
+    (line,) = res.err.splitlines()
+    assert "fleet nosuchfleet does not exist in Redis" in line, line
+    assert not await fleet.redis.exists(Keys("nosuchfleet").meta)
+    assert c1.terminate(timeout=60) == 0
+    assert w1.terminate(timeout=60) == 0
+
+
+async def test_status_shows_a_job_record_it_cannot_read(fleet: Fleet) -> None:
+    """A job record that does not decode (hand-edited, another version) is listed; status does not fail."""
+    key = fleet.keys.shard_state(3, "jobs")
+    await fleet.redis.hset(key, "j-bad", b'{"v":99,"job":')
+    res = await cli("status", "--config", fleet.config, "--json")
+    assert res.rc == 0, res.err
+    (u,) = json.loads(res.out)["unreadable"]
+    assert (u["shard"], u["key"], u["field"]) == (3, key, "j-bad")
+    res = await cli("status", "--config", fleet.config)
+    assert res.rc == 0, res.err
+    assert f"unreadable job record: shard 3 {key} field j-bad" in res.out, res.out

@@ -114,10 +114,13 @@ async def test_job_that_never_ends_is_aborted_at_its_timeout(
                 return [e for e in evs if isinstance(e, JobTimedOut | Aborted) and e.job == "stuck"]
 
             evs = await wait_for(lambda: _at_least(timed_out(), 4), timeout=30, what="timeout events")
+            # one job_timed_out per shard of the job (ds1 and ds2 live on two shards), with the timeout
             assert sorted(d for e in evs if isinstance(e, JobTimedOut) for d in e.datasets) == ["ds1", "ds2"]
+            assert {e.timeout_s for e in evs if isinstance(e, JobTimedOut)} == {1.0}
+            why = "timed out: no sign of life from its driver for 1s"
             assert {(e.dataset, e.reason) for e in evs if isinstance(e, Aborted)} == {
-                ("ds1", "timed out"),
-                ("ds2", "timed out"),
+                ("ds1", why),
+                ("ds2", why),
             }
             assert not await committed(store, ["ds1"], "stuck")
         finally:

@@ -76,7 +76,8 @@ class FaultStore:
 
     ``crash_at``: crash at the k-th mutating call (1-based), ``crash_when``
     ``before`` (the call is not made) or ``after`` (it is made, the answer lost).
-    After a crash every call raises SimulatedCrash. ``throttle(key, op)``
+    After a crash every call raises SimulatedCrash. ``ops`` records every call (reads
+    too) in order; ``calls`` only the mutating ones. ``throttle(key, op)``
     returning True raises Throttled instead of calling (``key`` is the
     destination for a copy). ``unknown_at``: the k-th mutating call raises
     OutcomeUnknown, ``unknown_when`` ``after`` making it or ``before``. ``gate_at``:
@@ -94,6 +95,7 @@ class FaultStore:
     gate: asyncio.Event = field(default_factory=asyncio.Event)
     parked: asyncio.Event = field(default_factory=asyncio.Event)
     calls: list[tuple[str, str]] = field(default_factory=list)
+    ops: list[tuple[str, str]] = field(default_factory=list)  # every call in order, reads too
     dead: bool = False
 
     @property
@@ -109,6 +111,7 @@ class FaultStore:
         if self.throttle is not None and self.throttle(key, op):
             raise Throttled(f"test throttles {op} {key}")
         self.calls.append((op, key))
+        self.ops.append((op, key))
         k = len(self.calls)
         if self.gate_at == k:
             self.parked.set()
@@ -130,11 +133,18 @@ class FaultStore:
 
     async def read(self, key: str) -> ObjectData:
         self._check_alive()
+        self.ops.append(("read", key))
         return await self.inner.read(key)
 
     async def head(self, key: str) -> ObjectInfo:
         self._check_alive()
+        self.ops.append(("head", key))
         return await self.inner.head(key)
+
+    async def head_md5(self, key: str) -> ObjectInfo:
+        self._check_alive()
+        self.ops.append(("head_md5", key))
+        return await self.inner.head_md5(key)
 
     async def write(self, key: str, data: bytes) -> ObjectInfo:
         return await self._mutate("write", key, lambda: self.inner.write(key, data))  # type: ignore[return-value]
@@ -150,8 +160,8 @@ class FaultStore:
     async def delete(self, key: str) -> None:
         await self._mutate("delete", key, lambda: self.inner.delete(key))
 
-    async def copy(self, src: str, dst: str) -> ObjectInfo:
-        return await self._mutate("copy", dst, lambda: self.inner.copy(src, dst))  # type: ignore[return-value]
+    async def copy(self, src: str, dst: str, *, source: ObjectInfo | None = None) -> ObjectInfo:
+        return await self._mutate("copy", dst, lambda: self.inner.copy(src, dst, source=source))  # type: ignore[return-value]
 
     async def list(self, prefix: str = "", *, page_size: int = 1000) -> AsyncIterator[ObjectInfo]:
         self._check_alive()

@@ -113,6 +113,9 @@ class FaultyStore:
     async def head(self, key: str) -> ObjectInfo:
         return await self.inner.head(key)
 
+    async def head_md5(self, key: str) -> ObjectInfo:
+        return await self.inner.head_md5(key)
+
     async def write(self, key: str, data: bytes) -> ObjectInfo:
         return await self.inner.write(key, data)
 
@@ -125,8 +128,8 @@ class FaultyStore:
     async def delete(self, key: str) -> None:
         await self.inner.delete(key)
 
-    async def copy(self, src: str, dst: str) -> ObjectInfo:
-        return await self.inner.copy(src, dst)
+    async def copy(self, src: str, dst: str, *, source: ObjectInfo | None = None) -> ObjectInfo:
+        return await self.inner.copy(src, dst, source=source)
 
     def list(self, prefix: str = "", *, page_size: int = 1000) -> AsyncIterator[ObjectInfo]:
         return self.inner.list(prefix, page_size=page_size)

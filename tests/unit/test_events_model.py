@@ -28,6 +28,7 @@ from shared.events import (
     Quarantined,
     RecoveryDone,
     ShardsAssigned,
+    ShardSetAside,
     StagedFile,
     TaskFinished,
     WorkerJoined,
@@ -116,6 +117,7 @@ ADMIN_EXAMPLES: list[AdminEvent] = [
     MessageRejected(at=1.0, worker="w1", shard=3, reason="unsafe_path", detail="..", stream_id="1-0"),
     JobTimedOut(at=1.0, worker="w1", job="j1", datasets=["sales"], timeout_s=60),
     OperatorAction(at=1.0, dataset="sales", job="j1", action="skip", operator="alice"),
+    ShardSetAside(at=1.0, worker="w1", shard=5, key="cf:prod:{s5}:state:jobs", field="j1", reason="v2"),
 ]
 
 

@@ -140,3 +140,22 @@ def test_open_store_file_urls(tmp_path: Path) -> None:
                 LocalStore(tmp_path / "cannot" / "create")
     finally:
         os.chmod(tmp_path, 0o700)
+
+
+async def test_writes_and_deletes_racing_in_one_folder_never_fail(tmp_path: Path) -> None:
+    # Deletes prune empty folders while writers walk into them by descriptor: a writer whose
+    # folder was pruned under it walks again (never an error, never a lost write).
+    store = LocalStore(tmp_path / "s", durable=False)
+
+    async def churn(n: int) -> None:
+        for i in range(150):
+            key = f"x/y/z/{n}-{i % 3}"
+            await store.write(key, b"v")
+            assert (await store.read(key)).data == b"v"
+            await store.delete(key)
+
+    async with asyncio.TaskGroup() as tg:
+        for n in range(16):
+            tg.create_task(churn(n))
+    assert [i.key async for i in store.list()] == []
+    assert not (tmp_path / "s" / "x").exists()

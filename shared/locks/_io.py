@@ -1,0 +1,196 @@
+"""The storage lock's shared I/O helpers: owner ids, nonces, reading the lock object, shielded cleanup."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import socket
+import threading
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Final, TypeVar
+
+from .._errors import NotFound, OutcomeUnknown, PreconditionFailed, TransientError
+from ..storage import ObjectStore
+from ._state import LockRecord, Observed, decode_record, lock_key
+
+log = logging.getLogger("shared.locks")
+
+T = TypeVar("T")
+Clock = Callable[[], float]
+
+# Errors after which a conditional write may or may not have taken effect.
+AMBIGUOUS: Final = (PreconditionFailed, NotFound, TransientError, OutcomeUnknown)
+# Errors of a read that are worth another look later.
+READ_AGAIN: Final = (TransientError, OutcomeUnknown)
+
+
+def default_owner() -> str:
+    """Return a fresh owner identity: ``<host>:<pid>:<random>`` (unique per call)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(6)}"
+
+
+def new_nonce() -> str:
+    """Return a fresh random nonce (16 hex digits): one per write, so every write changes the bytes."""
+    return secrets.token_hex(8)
+
+
+async def run_shielded(aw: Awaitable[T]) -> T:
+    """Run ``aw`` to completion even if the caller is cancelled meanwhile.
+
+    Returns:
+        What ``aw`` returned, when the caller was not cancelled.
+
+    Raises:
+        Whatever ``aw`` raised; or, when the caller was cancelled while
+        waiting, CancelledError after ``aw`` has finished (its result or error
+        is then dropped, with an error logged).
+    """
+    task = asyncio.ensure_future(aw)
+    cancelled: asyncio.CancelledError | None = None
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError as exc:
+            if task.cancelled():
+                raise  # the shielded work itself was cancelled (loop shutdown)
+            cancelled = exc
+    if cancelled is not None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("shielded cleanup failed during cancellation", exc_info=task.exception())
+        raise cancelled
+    return task.result()
+
+
+async def read_lock(store: ObjectStore, name: str) -> LockRecord | None:
+    """Return the lock record of ``name`` as stored now, or None if there is none.
+
+    For status displays: a record is held when :func:`~shared.locks.is_held`
+    says so at the reader's time.
+
+    Raises:
+        BadInput: bad name, or the object is not a valid lock record.
+        TransientError, OutcomeUnknown: the store failed.
+    """
+    observed = await observe(store, lock_key(name))
+    return None if observed is None else observed.record
+
+
+class SeenLocks:
+    """The lock objects this process last read or wrote, by store and key: a guess, never a fact.
+
+    An acquirer that finds a lock here released (typically by this process,
+    at the end of its previous holding) claims it on that version at once,
+    without reading it first; a lock never seen is claimed with
+    create-if-absent. A wrong guess costs one refused write, then the usual
+    read. Bounded: the oldest entries are forgotten first.
+    """
+
+    def __init__(self, limit: int = 4096) -> None:
+        self._limit = limit
+        self._mutex = threading.Lock()  # contenders may run on several threads' loops
+        self._seen: OrderedDict[tuple[str, str], Observed] = OrderedDict()
+
+    def get(self, store: ObjectStore, key: str) -> Observed | None:
+        """Return what was last seen of ``key`` in ``store``, or None."""
+        with self._mutex:
+            return self._seen.get((store.url, key))
+
+    def put(self, store: ObjectStore, key: str, observed: Observed) -> None:
+        """Remember ``observed`` as the latest state of ``key``."""
+        with self._mutex:
+            self._seen[(store.url, key)] = observed
+            self._seen.move_to_end((store.url, key))
+            while len(self._seen) > self._limit:
+                self._seen.popitem(last=False)
+
+    def forget(self, store: ObjectStore, key: str) -> None:
+        """Forget ``key`` (its state is unknown)."""
+        with self._mutex:
+            self._seen.pop((store.url, key), None)
+
+
+SEEN = SeenLocks()
+
+
+class ReleaseBoard:
+    """Per process: the acquirers waiting for each lock, woken at once when a holder here releases it.
+
+    A waiter registers (:meth:`watch`) for the whole of its acquire, and clears
+    its event before each look at the lock, so a release that lands after the
+    look wakes it. Waiters in other processes are not told here (they poll, or
+    hear a :class:`ReleaseNotifier`). Thread-safe: waiters on other event loops
+    are woken through their own loop.
+    """
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._waiters: dict[tuple[str, str], set[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
+
+    @contextlib.contextmanager
+    def watch(self, store: ObjectStore, key: str) -> Iterator[asyncio.Event]:
+        """Register a waiter for ``key`` while the block runs; yield the event a release sets."""
+        entry = (asyncio.get_running_loop(), asyncio.Event())
+        slot = (store.url, key)
+        with self._mutex:
+            self._waiters.setdefault(slot, set()).add(entry)
+        try:
+            yield entry[1]
+        finally:
+            with self._mutex:
+                waiting = self._waiters.get(slot)
+                if waiting is not None:
+                    waiting.discard(entry)
+                    if not waiting:
+                        del self._waiters[slot]
+
+    def notify(self, store: ObjectStore, key: str) -> int:
+        """Wake every waiter of ``key`` in this process; return how many there were."""
+        with self._mutex:
+            entries = list(self._waiters.get((store.url, key), ()))
+        try:
+            current: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            current = None
+        for loop, event in entries:
+            if loop is current:
+                event.set()
+            else:
+                with contextlib.suppress(RuntimeError):  # that loop is closed: its waiter is gone
+                    loop.call_soon_threadsafe(event.set)
+        return len(entries)
+
+
+RELEASES = ReleaseBoard()
+
+
+async def wait_for_release(event: asyncio.Event, timeout: float) -> bool:  # noqa: ASYNC109
+    """Wait until ``event`` is set or ``timeout`` seconds pass; return whether it was set.
+
+    Cancelled: stops waiting (nothing to clean up).
+    """
+    if event.is_set():
+        return True
+    try:
+        async with asyncio.timeout(timeout):
+            await event.wait()
+    except TimeoutError:
+        return False
+    return True
+
+
+async def observe(store: ObjectStore, key: str) -> Observed | None:
+    try:
+        obj = await store.read(key)
+    except NotFound:
+        SEEN.forget(store, key)
+        return None
+    observed = Observed(record=decode_record(obj.data), version=obj.info.version)
+    SEEN.put(store, key, observed)
+    return observed
+
+
+__all__ = ["Clock", "default_owner", "read_lock", "run_shielded"]

@@ -1,0 +1,78 @@
+"""shared._aio.TaskGroup: a child failing after the body ended leaves no cancel request behind."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from shared._aio import TaskGroup
+
+
+async def _fail_later(started: asyncio.Event) -> None:
+    started.set()
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    raise ValueError("boom")
+
+
+@pytest.mark.parametrize("fail_in_body", [False, True])
+async def test_no_cancel_request_is_left_on_the_parent(fail_in_body: bool) -> None:
+    task = asyncio.current_task()
+    assert task is not None
+    before = task.cancelling()
+    started = asyncio.Event()
+
+    async def run() -> None:
+        async with TaskGroup() as tg:
+            tg.create_task(_fail_later(started))
+            await started.wait()
+            if fail_in_body:
+                # The child fails while the body still runs (3.11 handles this case itself).
+                await asyncio.sleep(1)
+
+    with pytest.raises(ExceptionGroup):
+        await run()
+    assert task.cancelling() == before
+    # Later scopes in the same task work as if nothing happened.
+    async with asyncio.timeout(5):
+        await asyncio.sleep(0)
+
+
+async def test_an_outside_cancel_still_propagates() -> None:
+    gate = asyncio.Event()
+
+    async def body() -> None:
+        async with TaskGroup() as tg:
+            tg.create_task(asyncio.sleep(10))
+            gate.set()
+            await asyncio.sleep(10)
+
+    t = asyncio.create_task(body())
+    await gate.wait()
+    t.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await t
+    assert t.cancelled()
+
+
+async def test_plain_taskgroup_leaks_on_this_python() -> None:
+    # Documents why the subclass exists; on 3.12+ the leak is gone.
+    import sys
+
+    task = asyncio.current_task()
+    assert task is not None
+    before = task.cancelling()
+    started = asyncio.Event()
+
+    async def run() -> None:
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(_fail_later(started))
+            await started.wait()
+
+    with pytest.raises(ExceptionGroup):
+        await run()
+    leaked = task.cancelling() - before
+    assert leaked == (1 if sys.version_info < (3, 12) else 0)
+    if leaked:
+        task.uncancel()

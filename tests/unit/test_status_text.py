@@ -1,0 +1,132 @@
+"""`commitfleet status` stays short at any size; `--all` prints everything; `--help` imports no SDK."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+import time
+from typing import Any
+
+from rich.console import Console
+
+from coordinator._status_text import print_status
+
+
+def big_doc(shards: int, datasets: int, workers: int) -> dict[str, Any]:
+    now = time.time()
+    states = ["waiting", "queued", "running", "retrying", "blocked"]
+    pending = [
+        {
+            "dataset": f"ds{i}",
+            "job": f"job{i // 1000}",
+            "shard": i % shards,
+            "status": "committing",
+            "state": states[i % 5],
+            "reason": "",
+        }
+        for i in range(datasets)
+    ]
+    return {
+        "fleet": "big",
+        "shards": shards,
+        "leader": "c1",
+        "assignment_epoch": 3,
+        "workers": [
+            {
+                "id": f"w{i}",
+                "host": "h",
+                "pid": i,
+                "heartbeat_at": now,
+                "shards": list(range(i, shards, workers)),
+            }
+            for i in range(workers)
+        ],
+        "expired_workers": [],
+        "shard_table": [
+            {
+                "shard": s,
+                "owner": f"w{s % workers}",
+                "moving_to": None,
+                "length": 10,
+                "pending": 3,
+                "lag": s,
+                "dead_letters": 1,
+                "set_aside": None,
+                "oldest_pending_s": float(s),
+                "open_jobs": 2,
+                "waiting": 1,
+                "queued": 1,
+                "running": 1,
+                "quarantined": 0,
+            }
+            for s in range(shards)
+        ],
+        "open_jobs": [
+            {
+                "job": f"job{j}",
+                "shard": j % shards,
+                "opened_at": now - j,
+                "deadline": now,
+                "datasets": {"a": "open"},
+            }
+            for j in range(datasets // 1000 + 1)
+        ],
+        "pending": pending,
+        "quarantined": [{"dataset": f"q{i}", "job": "j", "reason": "boom"} for i in range(datasets // 100)],
+        "in_flight": [
+            {
+                "label": f"commit|job|ds{i}",
+                "state": "running",
+                "age_s": float(i),
+                "attempts": 1,
+                "last_error": "",
+            }
+            for i in range(128)
+        ],
+        "unreadable": [],
+        "counters": {},
+        "at": now,
+    }
+
+
+def render(doc: dict[str, Any], top: int | None) -> list[str]:
+    buf = io.StringIO()
+    print_status(Console(file=buf, width=140, force_terminal=False), doc, top=top)
+    return buf.getvalue().splitlines()
+
+
+def test_status_is_under_60_lines_at_any_size() -> None:
+    for shards, datasets, workers in [(1, 0, 1), (8, 50, 2), (64, 100_000, 4), (256, 100_000, 64)]:
+        lines = render(big_doc(shards, datasets, workers), top=5)
+        assert len(lines) < 60, (shards, datasets, workers, len(lines), "\n".join(lines))
+    text = "\n".join(render(big_doc(64, 100_000, 4), top=5))
+    assert "queued 20000  running 20000" not in text  # totals come from the shard rows, not the list
+    assert "queued 64  running 64" in text
+    assert "... and 59 more shards" in text
+    assert "... and 99995 more pending datasets" in text
+    # The busiest shard (oldest pending entry) is shown first.
+    shard_rows = [ln.split() for ln in text.splitlines() if ln.split()[:1] == ["63"]]
+    assert shard_rows and shard_rows[0][1] == "w3"
+
+
+def test_status_all_prints_every_row() -> None:
+    doc = big_doc(16, 2000, 4)
+    lines = render(doc, top=None)
+    assert sum(1 for ln in lines if ln.strip().startswith("ds")) == 2000
+    assert not any("more" in ln and "--all" in ln for ln in lines)
+
+
+def test_help_imports_neither_spark_nor_cloud_sdks() -> None:
+    code = (
+        "import sys\n"
+        "from coordinator._cli import app\n"
+        "try:\n    app(['--help'])\nexcept SystemExit:\n    pass\n"
+        "print('MODULES ' + ' '.join(sorted(sys.modules)))\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert "Usage" in res.stdout
+    modules = set(res.stdout.split("MODULES ", 1)[1].split())
+    heavy = {"pyspark", "py4j", "boto3", "botocore", "aiobotocore", "pyiceberg", "azure", "google.cloud"}
+    assert not {m for m in modules if m in heavy or m.split(".")[0] in heavy}, json.dumps(sorted(modules))

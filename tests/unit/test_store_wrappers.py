@@ -1,0 +1,64 @@
+"""The benchmark's store wrappers: the latency model's shape, the counters' requests and rounds."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+from pathlib import Path
+
+import pytest
+
+from shared._settings import StoreSettings
+from shared.storage import open_store
+from shared.storage._counting import CountingStore
+from shared.storage._latency import LatencyModel, LatencyStore
+
+
+def test_latency_model_has_the_asked_median_and_tail() -> None:
+    model = LatencyModel(0.020, 0.100, seed=7)
+    samples = sorted(model.sample() for _ in range(20000))
+    assert statistics.median(samples) == pytest.approx(0.020, rel=0.05)
+    assert samples[int(0.99 * len(samples))] == pytest.approx(0.100, rel=0.15)
+    assert min(samples) > 0
+
+
+@pytest.mark.parametrize(("median", "p99"), [(-1.0, 1.0), (0.02, 0.01)])
+def test_latency_model_refuses_nonsense(median: float, p99: float) -> None:
+    with pytest.raises(ValueError, match="median"):
+        LatencyModel(median, p99)
+
+
+def test_settings_refuse_a_tail_below_the_median() -> None:
+    with pytest.raises(ValueError, match="model_latency"):
+        StoreSettings(model_latency_ms=20.0, model_latency_p99_ms=5.0)
+
+
+async def test_open_store_wraps_with_modelled_latency(tmp_path: Path) -> None:
+    store = open_store(tmp_path.as_uri(), StoreSettings(model_latency_ms=30.0, model_latency_p99_ms=30.0))
+    assert isinstance(store, LatencyStore)
+    async with store:
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        await store.write("a/b", b"x")
+        await store.read("a/b")
+        # Two requests in sequence wait two round trips ...
+        assert loop.time() - t0 >= 0.060
+        t1 = loop.time()
+        await asyncio.gather(*(store.head("a/b") for _ in range(20)))
+        # ... twenty in parallel overlap (in sequence they would take 0.6 s).
+        assert loop.time() - t1 < 0.3
+
+
+async def test_counting_store_counts_requests_and_sequential_rounds(tmp_path: Path) -> None:
+    async with CountingStore(open_store(tmp_path.as_uri())) as store:
+        await store.write("d/x", b"1")
+        await asyncio.gather(*(store.copy("d/x", f"d/y{i}") for i in range(5)))
+        await asyncio.gather(*(store.delete(f"d/y{i}") for i in range(5)))
+        keys = [i.key async for i in store.list("d/", page_size=1)]
+        assert keys == ["d/x"]
+        assert store.requests == {"write": 1, "copy": 5, "delete": 5, "list": 2}
+        assert store.total == 13
+        assert store.rounds == 4
+        store.reset()
+        assert store.total == 0
+        assert store.rounds == 0

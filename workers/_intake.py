@@ -1,0 +1,185 @@
+"""A shard's intake: decode, validate and route each entry, fold it into the job state,
+make it durable together with its acknowledgement, then hand its actions on.
+
+Mixed into :class:`workers._shard.ShardRunner`; the runner owns the state and the tasks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from shared import ConfigError, LockLost, TransientError
+from shared._logging import kv
+from shared.events import (
+    InvalidMessage,
+    MessageRejected,
+    QueueEvent,
+    decode_entry,
+    event_datasets,
+)
+from shared.queue import Entry, ShardConsumer, shard_of
+
+from ._context import WorkerContext
+from ._jobstate import (
+    Action,
+    Decision,
+    ShardJobs,
+    decide,
+)
+from ._state_store import Batch, ShardStateStore
+
+log = logging.getLogger("workers.shard")
+
+# Errors that say the session or the process is in trouble, not the entry at
+# hand. The guarded part of intake does no I/O, so none should arise there; if
+# a later change lets one through, it must still end the session, not an entry.
+_NOT_ABOUT_THE_ENTRY = (LockLost, TransientError, ConfigError)
+
+
+def _describe(exc: BaseException) -> str:
+    try:
+        text = str(exc)
+    except Exception:  # noqa: BLE001 - an exception whose __str__ fails: still name its type
+        text = "<unprintable>"
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class IntakeMixin:
+    """The intake half of a shard runner."""
+
+    ctx: WorkerContext
+    shard: int
+    state: ShardJobs
+    store: ShardStateStore | None
+    stopping: asyncio.Event
+    _save_lock: asyncio.Lock
+    _consumer: ShardConsumer
+
+    async def _schedule(self, work: Action) -> None:
+        raise NotImplementedError
+
+    def _mine(self, ev: QueueEvent) -> QueueEvent:
+        """Return ``ev`` when every dataset it names belongs to this shard.
+
+        A producer sends each shard a copy naming only that shard's datasets
+        (docs/contract.md), so an event naming another shard's dataset is
+        malformed: acting on the part that is ours would hide the mistake.
+
+        Raises:
+            InvalidMessage: ``inconsistent``.
+        """
+        shards = self.ctx.settings.fleet.shards
+        names = event_datasets(ev)
+        foreign = {d: shard_of(d, shards) for d in names if shard_of(d, shards) != self.shard}
+        if foreign:
+            where = ", ".join(f"{d!r} -> shard {s}" for d, s in sorted(foreign.items())[:5])
+            raise InvalidMessage(
+                "inconsistent",
+                f"{len(foreign)} of the {len(names)} datasets belong to other shards ({where}),"
+                f" not {self.shard}",
+            )
+        return ev
+
+    def _judge(self, entry: Entry, now: float) -> Decision | InvalidMessage:
+        """Return what one entry does to the shard's job state, or why it is rejected.
+
+        Pure (no I/O, nothing changed): decode, validate, route, decide. Total:
+        an error nobody expected while judging one entry is that entry's
+        problem, never the shard's; it is logged with its traceback and the
+        entry is rejected with reason ``internal``.
+
+        Raises:
+            LockLost, TransientError, ConfigError: never from this code today
+                (it does no I/O); passed on should a change let one through.
+        """
+        try:
+            if entry.deleted:
+                return InvalidMessage(
+                    "deleted", "the entry was trimmed or deleted while pending: no content left"
+                )
+            ev = self._mine(decode_entry(entry.fields, limits=self.ctx.limits))
+            d = decide(self.state, ev, now=now, default_timeout=self.ctx.settings.worker.job_timeout)
+        except InvalidMessage as exc:
+            return exc
+        except _NOT_ABOUT_THE_ENTRY:
+            raise
+        except Exception as exc:  # no await above: nothing here can be a cancellation
+            log.exception(
+                "unexpected error while handling an entry; dead-lettering it",
+                extra=kv(shard=self.shard, id=entry.id.decode("ascii", "replace")),
+            )
+            return InvalidMessage("internal", _describe(exc))
+        if d.replayed:
+            return InvalidMessage("replayed", d.note)
+        if d.reject is not None:
+            return InvalidMessage(d.reject, d.note)
+        return d
+
+    async def _process(self, entries: list[Entry]) -> None:
+        """Judge each entry, make the batch durable with its acknowledgements, then schedule its actions.
+
+        Rejected entries are dead-lettered (and acknowledged) one by one as
+        they come; the others are acknowledged by the batch's save.
+
+        Raises:
+            Fenced: another worker owns the shard (nothing of the batch was saved).
+            TransientError: Redis unavailable; unacknowledged entries stay pending.
+
+        Cancellation: what was not saved stays pending and is read again.
+        """
+        ctx = self.ctx
+        now = time.time()
+        batch = Batch()
+        todo: list[Action] = []
+        rejected = duplicates = 0
+        for entry in entries:
+            d = self._judge(entry, now)
+            if isinstance(d, InvalidMessage):
+                await self._reject(entry, d)
+                rejected += 1
+                continue
+            self.state.apply(d)
+            if d.job is not None:
+                batch.jobs.add(d.job.job)
+            if d.attempt is not None and d.job is not None:
+                ds, rec = d.attempt
+                batch.attempts[(d.job.job, ds, rec.task, rec.attempt)] = rec
+            if d.job is None and d.attempt is None and not d.actions:
+                duplicates += 1  # e.g. a publisher's retry delivered the entry twice
+            todo.extend(d.actions)
+            batch.ack.append(entry.id)
+        await self._save(batch)
+        ctx.counters.add("intake", len(entries))
+        if rejected:
+            ctx.counters.add("rejected", rejected)
+        if duplicates:
+            ctx.counters.add("duplicates", duplicates)
+        for action in todo:
+            await self._schedule(action)
+
+    async def _reject(self, entry: Entry, exc: InvalidMessage) -> None:
+        dead_id = await self._consumer.dead_letter(entry, exc.reason, exc.detail)
+        log.warning(
+            "message rejected",
+            extra=kv(
+                shard=self.shard, id=entry.id.decode("ascii", "replace"), reason=exc.reason, detail=exc.detail
+            ),
+        )
+        if dead_id is not None:
+            await self.ctx.emit(
+                MessageRejected(
+                    at=time.time(),
+                    worker=self.ctx.worker_id,
+                    shard=self.shard,
+                    reason=exc.reason,
+                    detail=exc.detail[:500],
+                    stream_id=entry.id.decode("ascii", "replace"),
+                )
+            )
+
+    async def _save(self, batch: Batch) -> None:
+        assert self.store is not None
+        async with self._save_lock:
+            await self.store.save(batch, self.state)
