@@ -69,6 +69,9 @@ def _settings(redis_url: str, root: Path) -> Settings:
             "lock": {"validity": 15.0, "renew_interval": 3.0, "poll_min": 0.02, "poll_max": 0.5},
             "worker": {"lease": 6.0, "heartbeat": 1.0, "read_block_ms": 200, "job_timeout": 600.0},
             "coordinator": {"tick": 0.3, "http_port": 0},
+            # The audit reads the shard stream back to show which attempt of orders' task 1
+            # won; a production fleet trims acknowledged entries, the demo keeps them.
+            "queue": {"trim_interval": 0.0},
             "log": {"level": "INFO", "format": "json"},
         },
     )
