@@ -164,8 +164,12 @@ class WorkerSettings(_Section, frozen=True):
     # A hard limit on a job's life, counted from when its shard first heard of
     # it, heartbeat or not (0 = none).
     max_job_duration: float = 0.0
+    # Seconds between two glibc malloc_trim(0) calls, which hand freed heap back to the OS (0 = never).
+    malloc_trim_interval: float = 0.0
 
     def __post_init__(self) -> None:
+        if self.malloc_trim_interval < 0:
+            raise ValueError("worker.malloc_trim_interval must be >= 0")
         if self.heartbeat * 3 > self.lease:
             raise ValueError("worker.heartbeat must be at most a third of worker.lease")
         if self.job_timeout <= 0 or self.max_job_duration < 0:

@@ -63,6 +63,7 @@ from shared.queue import AdminPublisher, Keys, connect, join_fleet
 from shared.storage import open_store
 
 from ._context import WorkerContext
+from ._heap import trim_heap_forever
 from ._shard import ShardRunner
 
 log = logging.getLogger("workers")
@@ -197,6 +198,7 @@ class Worker:
         try:
             async with process:
                 process.start(self._heartbeat(ctx.registry, started), "heartbeat")
+                process.start(trim_heap_forever(self.settings.worker.malloc_trim_interval), "heap trim")
                 follower = process.start(self._follow(ctx, process), "assignment follower")
                 await self._stop.wait()
                 # Its reconcile steps are safe to interrupt: a shard it had not started yet
