@@ -47,6 +47,7 @@ from shared.queue import DatasetResult, redis_errors
 
 from ._announce import announce_aborted, announce_committed, announce_from_manifest
 from ._context import WorkerContext
+from ._housekeeping import note_quarantine
 from ._jobstate import (
     Abort,
     Action,
@@ -255,6 +256,10 @@ class ActionsMixin:
                     duration_s=result.duration,
                 )
             )
+        if status == "quarantined":
+            # Status reads quarantines from this record: keep it current now (a recovery's
+            # sequence has no job record to show it), not at the next session start.
+            await note_quarantine(ctx, self.shard, result.dataset, result.job, reason)
         await checkpoint("commit.announced")
         await self._set_status(result.job, result.dataset, status, reason)
         await checkpoint("commit.saved")
@@ -312,6 +317,8 @@ class ActionsMixin:
                 action = "retry"
                 result = await retry_quarantined(ctx.store, work.dataset, work.job, lease, ctx.settings)
                 await self._after_commit(result, lease.epoch)
+                if result.status != "quarantined":
+                    await note_quarantine(ctx, self.shard, work.dataset, work.job, None)
             else:
                 action = "skip"
                 skipped = await skip_quarantined(ctx.store, work.dataset, work.job, lease, ctx.settings)
@@ -323,6 +330,7 @@ class ActionsMixin:
                     deleted = skipped.published_deleted + skipped.staged_deleted
                     await announce_aborted(self.ctx, work.dataset, work.job, "skipped by operator", deleted)
                     await self._set_status(work.job, work.dataset, "aborted", "skipped by operator")
+                await note_quarantine(ctx, self.shard, work.dataset, work.job, None)
             await ctx.emit(
                 OperatorAction(
                     at=time.time(), worker=ctx.worker_id, dataset=work.dataset, job=work.job, action=action

@@ -1,7 +1,10 @@
 """A shard owner's housekeeping in Redis: trimming its streams, recording its quarantines.
 
 Both run outside the intake path: trimming on the shard's timer
-(``queue.trim_interval``), the quarantine record at each session start.
+(``queue.trim_interval``); the quarantine record is rewritten whole at each
+session start (from the WAL) and kept up to date field by field in between,
+when a commit or a recovery quarantines a sequence and when an operator's
+retry or skip ends one.
 """
 
 from __future__ import annotations
@@ -47,8 +50,8 @@ async def record_quarantined(ctx: WorkerContext, shard: int, found: dict[str, st
 
     ``found`` maps every unfinished sequence of the shard to its quarantine
     reason ("" when not quarantined). Status reads this record instead of
-    walking the store's ``_wal/`` per request; quarantines found later by a
-    commit show in the job records. One MULTI (DEL + HSET). Returns None.
+    walking the store's ``_wal/`` per request; :func:`note_quarantine` keeps it
+    current during the session. One MULTI (DEL + HSET). Returns None.
 
     Raises:
         TransientError: Redis is unreachable.
@@ -63,4 +66,24 @@ async def record_quarantined(ctx: WorkerContext, shard: int, found: dict[str, st
             await pipe.execute()
 
 
-__all__ = ["record_quarantined", "trim_shard"]
+async def note_quarantine(ctx: WorkerContext, shard: int, dataset: str, job: str, reason: str | None) -> None:
+    """Set (``reason``) or clear (None) one sequence in the shard's ``state:quarantined`` hash.
+
+    Called when the sequence's quarantine starts (a commit or a recovery
+    quarantined it) or ends (retry committed it, skip rolled it back), so
+    status shows it at once, not at the shard's next session start. Returns None.
+
+    Raises:
+        TransientError: Redis is unreachable (the caller's work is retried,
+            or the next session start rewrites the record from the WAL).
+    """
+    key = ctx.keys.shard_state(shard, "quarantined")
+    field = f"{dataset}/{job}"
+    with redis_errors("record quarantined"):
+        if reason is None:
+            await ctx.redis.hdel(key, field)
+        else:
+            await ctx.redis.hset(key, field, reason or "quarantined")
+
+
+__all__ = ["note_quarantine", "record_quarantined", "trim_shard"]
