@@ -213,13 +213,16 @@ class QueueSettings(_Section, frozen=True):
     owner every ``trim_interval`` seconds (0 = never: the stream then grows
     with history). Dead letters are capped by count and by age. A shard
     remembers an ended job for ``ended_retention`` seconds, to drop (and clean
-    up after) late events of it.
+    up after) late events of it. The admin outcome markers (one per announced
+    dataset and job) are capped at ``outcome_markers_max``, oldest forgotten
+    first, and none is kept longer than ``ended_retention``.
     """
 
     trim_interval: float = 10.0
     dead_letter_maxlen: int = 10_000
     dead_letter_max_age: float = 14 * 86400.0
     ended_retention: float = 7 * 86400.0
+    outcome_markers_max: int = 100_000
 
     def __post_init__(self) -> None:
         if self.trim_interval < 0:
@@ -228,6 +231,8 @@ class QueueSettings(_Section, frozen=True):
             raise ValueError("queue.dead_letter_maxlen must be >= 1 and queue.dead_letter_max_age > 0")
         if self.ended_retention <= 0:
             raise ValueError("queue.ended_retention must be > 0")
+        if self.outcome_markers_max < 1:
+            raise ValueError("queue.outcome_markers_max must be >= 1")
 
 
 class LogSettings(_Section, frozen=True):

@@ -159,7 +159,13 @@ class Worker:
                     store=store,
                     keys=keys,
                     registry=FleetRegistry(redis_client, keys),
-                    admin=AdminPublisher(redis_client, keys, maxlen=s.admin.stream_maxlen),
+                    admin=AdminPublisher(
+                        redis_client,
+                        keys,
+                        maxlen=s.admin.stream_maxlen,
+                        markers_max=s.queue.outcome_markers_max,
+                        marker_retention_s=s.queue.ended_retention,
+                    ),
                     limits=ValidationLimits.from_settings(s.security),
                     inflight=asyncio.Semaphore(s.worker.max_inflight_datasets),
                 )

@@ -8,7 +8,9 @@ of a newer fleet version) are skipped by readers and logged.
 Outcomes (``committed``, ``aborted``) go through :meth:`AdminPublisher.publish_outcome`:
 one Lua script sets the (dataset, job) marker, appends the entry and counts it,
 or does nothing when the marker is already there, so whoever finishes or finds
-the work finished can announce it and exactly one entry results.
+the work finished can announce it and exactly one entry results. The markers
+are history kept on purpose and bounded: at most ``markers_max`` (oldest
+forgotten first) and none older than ``marker_retention_s``.
 """
 
 from __future__ import annotations
@@ -31,24 +33,50 @@ log = logging.getLogger(__name__)
 DEFAULT_ADMIN_MAXLEN = 100_000
 _DATA = DATA_FIELD.encode()
 
-# How long an outcome marker is kept: the same as the workers' ended-job records
+# How long an outcome marker is kept at most: the same as the workers' ended-job records
 # (the default of the queue.ended_retention setting), the window in which a (dataset, job) can
 # still be replayed by a new owner.
 OUTCOME_RETENTION_S: Final = 7 * 86400
+# How many outcome markers are kept at most (the default of queue.outcome_markers_max).
+DEFAULT_MARKERS_MAX: Final = 100_000
+# Markers forgotten at most per announcement: the cap holds (one in, at least one out)
+# while each script stays short.
+_EVICT_PER_CALL: Final = 16
 
 Outcome = Literal["committed", "aborted"]
 
-# KEYS: admin stream, marker, counts hash (one slot: the admin stream's).
-# ARGV: data, maxlen, marker ttl (s), outcome.
+# KEYS: admin stream, markers hash, counts hash, markers' order stream, legacy marker key
+#       (one slot: the admin stream's).
+# ARGV: data, admin maxlen, outcome, marker field, markers max, retention (ms), evict per call.
 # Returns {1, new entry id} or {0, marker value "<outcome> <entry id>"}.
+# The order stream's ids are the markers' times (Redis clock), so the oldest are
+# found with XRANGE and age is read off the id.
 _OUTCOME_SCRIPT: Final = """
-local prev = redis.call('GET', KEYS[2])
+local prev = redis.call('HGET', KEYS[2], ARGV[4])
+if not prev then
+  prev = redis.call('GET', KEYS[5])
+end
 if prev then
   return {0, prev}
 end
 local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*', 'data', ARGV[1])
-redis.call('SET', KEYS[2], ARGV[4] .. ' ' .. id, 'EX', ARGV[3])
-redis.call('HINCRBY', KEYS[3], ARGV[4], 1)
+redis.call('HSET', KEYS[2], ARGV[4], ARGV[3] .. ' ' .. id)
+local at = redis.call('XADD', KEYS[4], '*', 'f', ARGV[4])
+redis.call('HINCRBY', KEYS[3], ARGV[3], 1)
+local over = redis.call('XLEN', KEYS[4]) - tonumber(ARGV[5])
+local min_ms = tonumber(string.match(at, '^(%d+)')) - tonumber(ARGV[6])
+local ids, fields = {}, {}
+for i, e in ipairs(redis.call('XRANGE', KEYS[4], '-', '+', 'COUNT', ARGV[7])) do
+  if i > over and tonumber(string.match(e[1], '^(%d+)')) >= min_ms then
+    break
+  end
+  ids[#ids + 1] = e[1]
+  fields[#fields + 1] = e[2][2]
+end
+if #ids > 0 then
+  redis.call('HDEL', KEYS[2], unpack(fields))
+  redis.call('XDEL', KEYS[4], unpack(ids))
+end
 return {1, id}
 """
 
@@ -68,13 +96,22 @@ class AdminPublisher:
         keys: Keys,
         *,
         maxlen: int = DEFAULT_ADMIN_MAXLEN,
+        markers_max: int = DEFAULT_MARKERS_MAX,
+        marker_retention_s: float = OUTCOME_RETENTION_S,
         policy: RetryPolicy | None = None,
     ) -> None:
-        if maxlen < 1:
-            raise ValueError("maxlen must be >= 1")
+        """Set the caps: ``maxlen`` the admin stream's; ``markers_max``, ``marker_retention_s`` the markers'.
+
+        Raises:
+            ValueError: a cap below 1 or a retention below one second.
+        """
+        if maxlen < 1 or markers_max < 1 or marker_retention_s < 1:
+            raise ValueError("maxlen and markers_max must be >= 1, marker_retention_s >= 1")
         self.redis = redis_client
         self.keys = keys
         self.maxlen = maxlen
+        self.markers_max = markers_max
+        self.marker_retention_ms = int(marker_retention_s * 1000)
         self.policy = policy or RetryPolicy()
         self._outcome_script: AsyncScript | None = None
 
@@ -105,14 +142,16 @@ class AdminPublisher:
         dataset: str,
         job: str,
         outcome: Outcome,
-        retention_s: float = OUTCOME_RETENTION_S,
     ) -> bool:
         """Append ``ev`` (the ``committed`` or ``aborted`` event of (dataset, job)) unless already announced.
 
-        One script, atomic: if the marker of (dataset, job) is absent, set it
-        (expiring after ``retention_s``), append the entry and add one to
-        ``outcome`` in :attr:`Keys.outcome_counts`; else do nothing. A retry
-        after an answer that got lost finds the marker, so it never appends twice.
+        One script, atomic: if the marker of (dataset, job) is absent (in
+        :attr:`Keys.outcome_markers`, or as a key an older version wrote), set
+        it, append the entry and add one to ``outcome`` in
+        :attr:`Keys.outcome_counts`, and forget the oldest markers beyond
+        ``markers_max`` or older than the retention (at most 16 per call); else
+        do nothing. A retry after an answer that got lost finds the marker, so
+        it never appends twice.
 
         Returns:
             True when this call appended the entry; False when it was already
@@ -121,8 +160,18 @@ class AdminPublisher:
         Raises:
             TransientError: Redis stayed unreachable for the whole retry policy.
         """
-        keys = [self.keys.admin, self.keys.outcome_marker(dataset, job), self.keys.outcome_counts]
-        args: list[bytes | str | int] = [encode_admin(ev), self.maxlen, max(1, int(retention_s)), outcome]
+        k = self.keys
+        legacy = k.outcome_marker(dataset, job)  # also checks the names
+        keys = [k.admin, k.outcome_markers, k.outcome_counts, k.outcome_order, legacy]
+        args: list[bytes | str | int] = [
+            encode_admin(ev),
+            self.maxlen,
+            outcome,
+            f"{dataset}/{job}",
+            self.markers_max,
+            self.marker_retention_ms,
+            _EVICT_PER_CALL,
+        ]
 
         async def send() -> tuple[bool, bytes]:
             with redis_errors("admin outcome script"):
@@ -232,6 +281,7 @@ async def read_admin_range(
 
 __all__ = [
     "DEFAULT_ADMIN_MAXLEN",
+    "DEFAULT_MARKERS_MAX",
     "OUTCOME_RETENTION_S",
     "AdminPublisher",
     "Outcome",

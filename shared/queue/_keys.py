@@ -13,8 +13,12 @@ Layout (``<fleet>`` is the fleet name, ``<n>`` the shard number)::
     cf:<fleet>:{s<n>}:result:<job>  hash dataset -> outcome of a job's datasets on the shard (expires)
     cf:<fleet>:meta                 hash: shards, created_at
     cf:<fleet>:admin                the capped admin event stream
+    cf:<fleet>:{cf:<fleet>:admin}:outcome-markers
+                                    hash "<dataset>/<job>" -> the admin outcome marker (capped)
+    cf:<fleet>:{cf:<fleet>:admin}:outcome-order
+                                    stream of the markers' fields, oldest first (their eviction order)
     cf:<fleet>:{cf:<fleet>:admin}:outcome:<dataset>/<job>
-                                    the admin outcome marker of (dataset, job) (expires)
+                                    a marker as older versions wrote it (read, never written; expires)
     cf:<fleet>:{cf:<fleet>:admin}:outcomes
                                     hash: exact committed / aborted counts
     cf:<fleet>:workers              fleet membership (owned by the fleet code)
@@ -122,6 +126,16 @@ class Keys:
         if not dataset or not job or "/" in dataset:
             raise ValueError(f"bad outcome marker names {dataset!r}, {job!r}")
         return f"{self.prefix}:{self.admin_tag}:outcome:{dataset}/{job}"
+
+    @property
+    def outcome_markers(self) -> str:
+        """Return the hash of admin outcome markers (``<dataset>/<job>`` -> ``<outcome> <entry id>``)."""
+        return f"{self.prefix}:{self.admin_tag}:outcome-markers"
+
+    @property
+    def outcome_order(self) -> str:
+        """Return the stream that lists the markers' fields oldest first (what is forgotten first)."""
+        return f"{self.prefix}:{self.admin_tag}:outcome-order"
 
     @property
     def outcome_counts(self) -> str:

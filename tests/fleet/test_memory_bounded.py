@@ -3,8 +3,9 @@
 A coordinator and one worker in-process commit a backlog of jobs (N datasets
 x a few tasks), then the test checks what is left once everything is committed:
 the shard streams trimmed to nothing, no per-dataset structure left in the
-worker, no open-job or attempt record in Redis. The long form with RSS and
-Redis memory figures is ``python -m tests.bench.soak``.
+worker, no open-job or attempt record in Redis, and the history kept on
+purpose (the admin outcome markers) within its cap. The long form with RSS
+and Redis memory figures is ``python -m tests.bench.soak``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from pathlib import Path
 import redis.asyncio
 
 from coordinator import Coordinator
-from shared.queue import AsyncPublisher, Keys, ensure_fleet
+from shared.events import Committed
+from shared.queue import AdminPublisher, AsyncPublisher, Keys, as_text, ensure_fleet
 from shared.storage import open_store
 from tests._support.wait import wait_for
 from workers import Worker
@@ -26,13 +28,18 @@ DATASETS = 1000
 PER_JOB = 250
 TASKS = 4
 SHARDS = 4
+MARKERS_MAX = 600
 
 
 async def test_a_drained_backlog_leaves_no_history(
     redis_url: str, redis_client: redis.asyncio.Redis, fleet_name: str, tmp_path: Path
 ) -> None:
     settings = fleet_settings(
-        redis_url, tmp_path / "store", fleet_name, shards=SHARDS, queue={"trim_interval": 0.2}
+        redis_url,
+        tmp_path / "store",
+        fleet_name,
+        shards=SHARDS,
+        queue={"trim_interval": 0.2, "outcome_markers_max": MARKERS_MAX},
     )
     keys = Keys(fleet_name)
     coord = Coordinator(settings, coordinator_id="c1")
@@ -88,6 +95,11 @@ async def test_a_drained_backlog_leaves_no_history(
                 what="the late job committed",
             )
             assert published > DATASETS * TASKS
+            # Outcome markers are history kept on purpose, within their cap: the newest ones.
+            assert await redis_client.hlen(keys.outcome_markers) == MARKERS_MAX
+            assert await redis_client.xlen(keys.outcome_order) == MARKERS_MAX
+            assert await redis_client.hexists(keys.outcome_markers, "late/job-late")
+            assert not await redis_client.hexists(keys.outcome_markers, "ds0/job0")
         finally:
             for x in (worker, coord):
                 x.shutdown()
@@ -96,3 +108,40 @@ async def test_a_drained_backlog_leaves_no_history(
 
 async def _committed(r: redis.asyncio.Redis, keys: Keys, n: int) -> bool:
     return int(await r.hget(keys.outcome_counts, "committed") or 0) == n
+
+
+async def test_outcome_markers_are_capped_by_count_and_age(
+    redis_client: redis.asyncio.Redis, fleet_name: str
+) -> None:
+    keys = Keys(fleet_name)
+    admin = AdminPublisher(redis_client, keys, markers_max=5)
+
+    async def announce(pub: AdminPublisher, dataset: str, job: str = "j") -> bool:
+        ev = Committed(
+            at=1.0, worker="w", dataset=dataset, job=job, files=1, bytes=1, duration_s=0.0, epoch=1
+        )
+        return await pub.publish_outcome(ev, dataset=dataset, job=job, outcome="committed")
+
+    for i in range(20):
+        assert await announce(admin, f"d{i}")
+    fields = {as_text(f) for f in await redis_client.hkeys(keys.outcome_markers)}
+    assert fields == {f"d{i}/j" for i in range(15, 20)}
+    assert await redis_client.xlen(keys.outcome_order) == 5
+    assert not await announce(admin, "d19")  # within the cap: still announced once
+    assert await redis_client.hget(keys.outcome_counts, "committed") == b"20"
+    # A marker an older version wrote (a key of its own) still counts.
+    await redis_client.set(keys.outcome_marker("old", "j"), "committed 1-0", ex=60)
+    assert not await announce(admin, "old")
+    # Age: with a 1 s retention, the next announcements forget what is older than that.
+    short = AdminPublisher(redis_client, keys, markers_max=1000, marker_retention_s=1)
+    assert await announce(short, "aged")
+    n = 0
+
+    async def aged_forgotten() -> bool:
+        nonlocal n
+        n += 1
+        await announce(short, f"new{n}")
+        return not await redis_client.hexists(keys.outcome_markers, "aged/j")
+
+    await wait_for(aged_forgotten, timeout=10, interval=0.1, what="the aged marker forgotten")
+    assert await redis_client.hexists(keys.outcome_markers, f"new{n}/j")
