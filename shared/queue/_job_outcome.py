@@ -32,8 +32,12 @@ HEARTBEAT_MAX_S: Final = 30.0
 TTL_BEATS: Final = 3
 """The liveness key lives this many heartbeat intervals: two refreshes may fail before it lapses."""
 
-RESULT_RETENTION_S: Final = 7 * 86400
-"""How long a job's outcome records stay in Redis after the last change (as ended-job records)."""
+RESULT_RETENTION_S: Final = 86400
+"""How long a job's outcome records stay in Redis after their shard last wrote one (1 day).
+
+A driver reads them while it waits, right after its job's end; ``commitfleet
+wait`` answers for a day after that. Longer would keep about 200 bytes per
+dataset for nobody (docs/queue.md, "What is kept")."""
 
 ResultStatus = Literal["committed", "aborted", "quarantined", "blocked"]
 FAILED: Final[frozenset[str]] = frozenset({"aborted", "quarantined", "blocked"})

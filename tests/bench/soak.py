@@ -37,7 +37,7 @@ import redis.asyncio
 
 from coordinator._procs import FleetProcess, ThrowawayRedis, write_config
 from shared import Settings
-from shared.queue import AsyncPublisher, Keys, ensure_fleet
+from shared.queue import RESULT_RETENTION_S, AsyncPublisher, Keys, ensure_fleet
 from shared.storage import open_store
 from tests.fleet._helpers import fleet_settings, good_job
 
@@ -71,6 +71,11 @@ class Run:
 async def used_memory_mb(r: redis.asyncio.Redis) -> float:
     info = await r.info("memory")
     return int(info["used_memory"]) / 1e6
+
+
+async def clients_mb(r: redis.asyncio.Redis) -> float:
+    """Return the memory of the client connections' buffers in MB (``INFO memory``)."""
+    return int((await r.info("memory"))["mem_clients_normal"]) / 1e6
 
 
 async def committed(r: redis.asyncio.Redis, keys: Keys) -> int:
@@ -154,6 +159,9 @@ async def breakdown(r: redis.asyncio.Redis, fleet: str) -> dict[str, Kind]:
         k = out.setdefault(key_kind(key.decode()), Kind())
         kind = as_text(await r.type(key))
         k.keys += 1
+        if key.endswith(b":outcome-order"):  # the markers' eviction order: bytes, not more markers
+            k.bytes += int(await r.memory_usage(key, samples=0) or 0)
+            continue
         k.items += int(await r.xlen(key) if kind == "stream" else await r.hlen(key) if kind == "hash" else 1)
         k.bytes += int(await r.memory_usage(key, samples=0) or 0)
     return out
@@ -169,12 +177,11 @@ def history_bound(kind: str, k: Kind, s: Settings) -> str:
         cap = s.fleet.shards * s.queue.dead_letter_maxlen
         return f"cap {s.fleet.shards} x queue.dead_letter_maxlen = {cap} ~ {cap * per / 1e6:.1f} MB"
     if kind == "outcome markers":
-        cap = getattr(s.queue, "outcome_markers_max", 0)
-        if cap:
-            return f"cap queue.outcome_markers_max={cap} ~ {cap * per / 1e6:.1f} MB"
-        return "datasets announced within the marker retention (not capped)"
+        cap = s.queue.outcome_markers_max
+        return f"cap queue.outcome_markers_max={cap} ~ {cap * per / 1e6:.1f} MB"
     if kind == "job results":
-        return "datasets ended within the result retention (not capped)"
+        hours = RESULT_RETENTION_S / 3600
+        return f"datasets answered in the last {hours:.0f} h (~{per:.0f} B each; no count cap)"
     return f"jobs ended within queue.ended_retention={s.queue.ended_retention:.0f} s (~{per:.0f} B a job)"
 
 
@@ -264,7 +271,9 @@ async def soak(args: argparse.Namespace) -> int:
         await ensure_fleet(r, fleet, args.shards)
         # Idle: the fleet up and settled, nothing published yet.
         await asyncio.sleep(5)
-        run.idle_redis_mb = await used_memory_mb(r)
+        # Both idle and drained figures leave out the client connections' buffers
+        # (INFO mem_clients_normal): they follow the connection count, not what Redis stores.
+        run.idle_redis_mb = await used_memory_mb(r) - await clients_mb(r)
         print(header(labels), flush=True)
         task = asyncio.create_task(sampler(r, keys, procs, run, args, t0))
         pub = AsyncPublisher(r, fleet, args.shards)
@@ -290,6 +299,8 @@ async def soak(args: argparse.Namespace) -> int:
         except asyncio.CancelledError:
             pass
         drained_redis = await used_memory_mb(r)
+        drained_clients = await clients_mb(r)
+        connections = int((await r.info("clients"))["connected_clients"])
         kept = await breakdown(r, fleet)
         lines, seconds, rc = status_check(config)
     finally:
@@ -305,7 +316,8 @@ async def soak(args: argparse.Namespace) -> int:
             shutil.rmtree(work, ignore_errors=True)
     if stopped_early:
         print("STOPPED EARLY: the fleet had not drained; Redis figures are not 'drained' ones")
-    return report(args, run, drained_redis, kept, settings, lines, seconds, rc)
+    print(f"client connection buffers once drained: {drained_clients:.2f} MB for {connections} connections")
+    return report(args, run, drained_redis - drained_clients, kept, settings, lines, seconds, rc)
 
 
 def report(
@@ -327,7 +339,7 @@ def report(
         tag = "history" if kind in HISTORY else "working"
         print(f"  {tag:<8} {kind:<22} {k.keys:>7} keys {k.items:>8} items {k.bytes / 1e6:8.2f} MB")
     history = sum(k.bytes for kind, k in kept.items() if kind in HISTORY) / 1e6
-    working = drained_redis - history
+    working = drained_redis - history  # drained_redis: without client buffers (printed above)
     print(f"kept history {history:.2f} MB, each part bounded:")
     for kind in HISTORY:
         if kind in kept:
@@ -351,7 +363,8 @@ def report(
         f" -> {'OK' if ok_rss else 'OVER'} (target <= 5 MB)"
     )
     print(
-        f"redis used_memory idle {run.idle_redis_mb:.2f} MB, drained {drained_redis:.2f} MB ="
+        f"redis used_memory without client buffers: idle {run.idle_redis_mb:.2f} MB,"
+        f" drained {drained_redis:.2f} MB ="
         f" working state {working:.2f} MB + kept history {history:.2f} MB"
         f" -> working state {'OK' if ok_redis else 'OVER'} (target <= 2x idle)"
     )
