@@ -165,7 +165,7 @@ class WorkerSettings(_Section, frozen=True):
     # it, heartbeat or not (0 = none).
     max_job_duration: float = 0.0
     # Seconds between two glibc malloc_trim(0) calls, which hand freed heap back to the OS (0 = never).
-    malloc_trim_interval: float = 0.0
+    malloc_trim_interval: float = 10.0
 
     def __post_init__(self) -> None:
         if self.malloc_trim_interval < 0:
