@@ -41,6 +41,7 @@ import msgspec
 import redis.asyncio
 
 from coordinator._procs import FleetProcess, ThrowawayRedis, write_config
+from coordinator._status import fleet_status
 from shared import Settings
 from shared.queue import RESULT_RETENTION_S, AsyncPublisher, Keys, ensure_fleet
 from shared.storage import open_store
@@ -310,6 +311,13 @@ async def soak(args: argparse.Namespace) -> int:
         connections = int((await r.info("clients"))["connected_clients"])
         kept = await breakdown(r, fleet)
         lines, seconds, rc = status_check(config)
+        # What the status costs without starting Python: the same document, in-process.
+        t = time.perf_counter()
+        await fleet_status(r, keys, settings)
+        inproc = time.perf_counter() - t
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "pass"], check=True)
+        bare = time.perf_counter() - t
     finally:
         await r.aclose()
         for p in procs:
@@ -324,6 +332,9 @@ async def soak(args: argparse.Namespace) -> int:
     if stopped_early:
         print("STOPPED EARLY: the fleet had not drained; Redis figures are not 'drained' ones")
     print(f"client connection buffers once drained: {drained_clients:.2f} MB for {connections} connections")
+    print(
+        f"status document in-process: {inproc:.3f} s; a bare Python start on this machine now: {bare:.2f} s"
+    )
     return report(args, run, drained_redis - drained_clients, kept, settings, lines, seconds, rc)
 
 
