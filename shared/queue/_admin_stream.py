@@ -121,7 +121,9 @@ class AdminPublisher:
         Raises:
             TransientError: Redis stayed unreachable for the whole retry policy.
         """
-        keys = [self.keys.admin, self.keys.outcome_marker(dataset, job), self.keys.outcome_counts]
+        keys = Keys.one_slot(
+            [self.keys.admin, self.keys.outcome_marker(dataset, job), self.keys.outcome_counts]
+        )
         args: list[bytes | str | int] = [encode_admin(ev), self.maxlen, max(1, int(retention_s)), outcome]
 
         async def send() -> tuple[bool, bytes]:

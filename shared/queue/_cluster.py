@@ -1,0 +1,152 @@
+"""Redis Cluster clients and the WAIT-for-replicas step of publishers.
+
+A ``redis+cluster://`` URL (see :mod:`shared._redis_url`) gives redis-py's
+``RedisCluster``. Like the single-node clients, its own retry loop is off
+(``Retry(NoBackoff(), 0)``): a connection error marks the slot map stale
+and surfaces at once as TransientError, and our RetryPolicy retries on the
+refreshed map. MOVED / ASK redirects are followed by redis-py within one
+call (its redirection limit); what is left over is a TransientError too.
+
+WAIT: replication is asynchronous, so an acknowledged write can be lost when
+its master fails before a replica copied it. With ``redis.wait_replicas`` =
+N > 0, a publisher's pipeline ends with ``WAIT N timeout`` on every node it
+wrote to, on the same connection as the writes (WAIT counts that
+connection's writes only), and fewer than N acknowledgements is a
+TransientError: the batch is sent again (duplicates are expected by the
+contract), so no acknowledged publish depends on one node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, cast
+
+import redis
+import redis.asyncio
+import redis.asyncio.cluster
+import redis.asyncio.retry
+import redis.backoff
+import redis.cluster
+import redis.retry
+
+from .._errors import ConfigError, TransientError
+from .._redis_url import parse_cluster_url
+from .._settings import RedisSettings
+
+
+def _cluster_kwargs(
+    settings: RedisSettings, client_name: str | None, health_check_interval: int
+) -> dict[str, Any]:
+    try:
+        url = parse_cluster_url(settings.url)
+    except ValueError as exc:
+        raise ConfigError(f"bad redis.url: {exc}") from None
+    kwargs: dict[str, Any] = {
+        "username": url.username,
+        "password": url.password,
+        "decode_responses": False,
+        "socket_timeout": settings.socket_timeout,
+        "socket_connect_timeout": settings.socket_timeout,
+        "socket_keepalive": True,
+        "health_check_interval": health_check_interval,
+        "client_name": client_name or None,
+        "ssl": url.tls,
+    }
+    for name, value in url.options:
+        kwargs[name] = value.lower() not in ("0", "false", "no") if name == "ssl_check_hostname" else value
+    kwargs["_nodes"] = url.nodes
+    return kwargs
+
+
+def connect_cluster(
+    settings: RedisSettings, *, client_name: str | None, health_check_interval: int
+) -> redis.asyncio.Redis:
+    """Return an asyncio RedisCluster client for a cluster URL (no I/O yet: it learns the slots lazily).
+
+    Typed as the plain client (same command API). Raises ConfigError for a bad URL.
+    """
+    kwargs = _cluster_kwargs(settings, client_name, health_check_interval)
+    nodes = [redis.asyncio.cluster.ClusterNode(host, port) for host, port in kwargs.pop("_nodes")]
+    client = redis.asyncio.cluster.RedisCluster(
+        startup_nodes=nodes, retry=redis.asyncio.retry.Retry(redis.backoff.NoBackoff(), 0), **kwargs
+    )
+    return cast(redis.asyncio.Redis, client)
+
+
+def connect_cluster_sync(
+    settings: RedisSettings, *, client_name: str | None, health_check_interval: int
+) -> redis.Redis:
+    """Return a blocking RedisCluster client for a cluster URL (it reads the slot map now).
+
+    Raises ConfigError for a bad URL; redis-py's errors when no seed answers
+    (the caller translates them, see ``redis_errors``).
+    """
+    kwargs = _cluster_kwargs(settings, client_name, health_check_interval)
+    nodes = [
+        redis.cluster.ClusterNode(host, port)  # type: ignore[no-untyped-call]
+        for host, port in kwargs.pop("_nodes")
+    ]
+    client = redis.cluster.RedisCluster(
+        startup_nodes=nodes, retry=redis.retry.Retry(redis.backoff.NoBackoff(), 0), **kwargs
+    )
+    return cast(redis.Redis, client)
+
+
+def is_cluster(client: object) -> bool:
+    """Return True when ``client`` (or pipeline) talks to a Redis Cluster."""
+    return isinstance(
+        client,
+        (
+            redis.asyncio.cluster.RedisCluster,
+            redis.cluster.RedisCluster,
+            redis.asyncio.cluster.ClusterPipeline,
+            redis.cluster.ClusterPipeline,
+        ),
+    )
+
+
+def queue_wait(client: Any, pipe: Any, keys: Iterable[str], replicas: int, timeout: float) -> int:
+    """Append ``WAIT replicas timeout`` to a non-transactional pipeline, once per node written to.
+
+    ``keys`` are the keys the pipeline writes. On one node that is one WAIT
+    at the end; on a cluster one WAIT per master owning any of the keys,
+    routed to that master, so it runs on the connection that carried the
+    writes. Returns how many WAIT replies the pipeline's result ends with.
+    An async cluster client must have read its slot map (``await
+    client.initialize()``) before this is called.
+    """
+    ms = max(1, int(timeout * 1000))
+    if not is_cluster(client):
+        pipe.execute_command("WAIT", replicas, ms)
+        return 1
+    nodes = {}
+    for key in keys:
+        node = client.get_node_from_key(key)
+        if node is None:
+            raise TransientError(f"redis cluster: no master known for {key!r} (slot map not loaded)")
+        nodes[node.name] = node
+    for node in nodes.values():
+        pipe.execute_command("WAIT", replicas, ms, target_nodes=node)
+    return len(nodes)
+
+
+def check_waits(replies: list[Any], waits: int, replicas: int) -> list[Any]:
+    """Return ``replies`` without their last ``waits`` WAIT replies, after checking them.
+
+    Raises:
+        TransientError: a WAIT saw fewer than ``replicas`` acknowledgements (the
+            writes exist on their master but may be lost in a failover: the
+            caller sends them again).
+    """
+    if waits == 0:
+        return replies
+    body, acks = replies[:-waits], replies[-waits:]
+    short = [int(a) for a in acks if int(a) < replicas]
+    if short:
+        raise TransientError(
+            f"only {min(short)} of {replicas} replicas acknowledged the writes (WAIT timed out)"
+        )
+    return body
+
+
+__all__ = ["check_waits", "connect_cluster", "connect_cluster_sync", "is_cluster", "queue_wait"]
