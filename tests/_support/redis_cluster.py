@@ -88,7 +88,8 @@ class LocalRedisCluster:
         while True:
             try:
                 infos = [_info(s.port) for s in self.live()]
-                if all(i.get("cluster_state") == "ok" and i.get("cluster_slots_ok") == "16384" for i in infos):
+                settled = [i.get("cluster_state") == "ok" and i.get("cluster_slots_ok") == "16384" for i in infos]
+                if all(settled):
                     return
             except redis.RedisError:
                 pass

@@ -1,4 +1,4 @@
-"""The quick Redis Cluster check of the default run: a real 3+3 cluster, a coordinator and a worker in-process.
+"""The quick Redis Cluster check of the default run: a real 3+3 cluster, coordinator and worker in-process.
 
 Publishes a small job through the cluster URL and waits for its commits and
 admin events: every fleet-wide transaction, MGET and script ran on a
@@ -24,7 +24,9 @@ def cluster_settings(url: str, root: Path, fleet: str) -> Settings:
     return fleet_settings(url, root, fleet, shards=4)
 
 
-async def test_publish_and_commit_through_a_cluster(redis_cluster_url: str, fleet_name: str, tmp_path: Path) -> None:
+async def test_publish_and_commit_through_a_cluster(
+    redis_cluster_url: str, fleet_name: str, tmp_path: Path
+) -> None:
     settings = cluster_settings(redis_cluster_url, tmp_path / "store", fleet_name)
     client = connect(settings.redis)
     coord = Coordinator(settings, coordinator_id="c1")
