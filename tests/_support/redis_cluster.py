@@ -32,6 +32,7 @@ from tests._support.redis_server import RedisServer
 
 NODE_TIMEOUT_MS = 1500
 READY_TIMEOUT = 30.0
+_ALL = "16384"  # slots
 
 
 def _info(port: int) -> dict[str, str]:
@@ -88,8 +89,7 @@ class LocalRedisCluster:
         while True:
             try:
                 infos = [_info(s.port) for s in self.live()]
-                settled = [i.get("cluster_state") == "ok" and i.get("cluster_slots_ok") == "16384" for i in infos]
-                if all(settled):
+                if all(i.get("cluster_state") == "ok" and i.get("cluster_slots_ok") == _ALL for i in infos):
                     return
             except redis.RedisError:
                 pass

@@ -51,7 +51,9 @@ def test_one_slot_refuses_keys_of_two_slots() -> None:
 
 
 def test_cluster_url_parts() -> None:
-    url = parse_cluster_url("rediss+cluster://u:p%40ss@10.0.0.1:7000,node-b:7001,[::1]:7002/0?ssl_ca_certs=/ca.pem")
+    url = parse_cluster_url(
+        "rediss+cluster://u:p%40ss@10.0.0.1:7000,node-b:7001,[::1]:7002/0?ssl_ca_certs=/ca.pem"
+    )
     assert url.nodes == (("10.0.0.1", 7000), ("node-b", 7001), ("::1", 7002))
     assert url.tls and url.username == "u" and url.password == "p@ss"
     assert url.options == (("ssl_ca_certs", "/ca.pem"),)
