@@ -158,7 +158,13 @@ class Worker:
                     store=store,
                     keys=keys,
                     registry=FleetRegistry(redis_client, keys),
-                    admin=AdminPublisher(redis_client, keys, maxlen=s.admin.stream_maxlen),
+                    admin=AdminPublisher(
+                        redis_client,
+                        keys,
+                        maxlen=s.admin.stream_maxlen,
+                        wait_replicas=s.redis.wait_replicas,
+                        wait_timeout=s.redis.wait_timeout,
+                    ),
                     limits=ValidationLimits.from_settings(s.security),
                     inflight=asyncio.Semaphore(s.worker.max_inflight_datasets),
                 )

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncGenerator
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 import redis.asyncio
 from redis.commands.core import AsyncScript
 
 from .._retry import RetryPolicy, retry
 from ..events import DATA_FIELD, AdminEvent, InvalidMessage, decode_admin, encode_admin
+from ._cluster import check_waits, is_cluster, queue_wait
 from ._connect import redis_errors
 from ._entry import Entry, as_bytes, entries_from_reply
 from ._keys import Keys
@@ -60,6 +61,12 @@ class AdminPublisher:
     ``policy``; a retried :meth:`publish` may duplicate an informational
     admin event (readers see it twice). Outcomes (``committed``,
     ``aborted``) go through :meth:`publish_outcome`, which never does.
+
+    ``wait_replicas`` > 0: every append is followed by ``WAIT`` on the same
+    connection (see :mod:`._cluster`); fewer acknowledgements is a transient
+    error and the append is retried (an outcome's marker makes that retry
+    harmless; if the unreplicated write was lost in a failover, the retry
+    appends it again).
     """
 
     def __init__(
@@ -69,6 +76,8 @@ class AdminPublisher:
         *,
         maxlen: int = DEFAULT_ADMIN_MAXLEN,
         policy: RetryPolicy | None = None,
+        wait_replicas: int = 0,
+        wait_timeout: float = 1.0,
     ) -> None:
         if maxlen < 1:
             raise ValueError("maxlen must be >= 1")
@@ -76,6 +85,8 @@ class AdminPublisher:
         self.keys = keys
         self.maxlen = maxlen
         self.policy = policy or RetryPolicy()
+        self.wait_replicas = wait_replicas
+        self.wait_timeout = wait_timeout
         self._outcome_script: AsyncScript | None = None
 
     async def publish(self, ev: AdminEvent) -> bytes:
@@ -91,6 +102,8 @@ class AdminPublisher:
 
         async def send() -> bytes:
             with redis_errors("XADD admin"):
+                if self.wait_replicas:
+                    return as_bytes((await self._waited("xadd", self.keys.admin, {_DATA: data}))[0])
                 entry_id = await self.redis.xadd(
                     self.keys.admin, {_DATA: data}, maxlen=self.maxlen, approximate=True
                 )
@@ -128,7 +141,10 @@ class AdminPublisher:
 
         async def send() -> tuple[bool, bytes]:
             with redis_errors("admin outcome script"):
-                reply = await self._script(keys=keys, args=args)
+                if self.wait_replicas:
+                    reply = (await self._waited("eval", *keys, *args))[0]
+                else:
+                    reply = await self._script(keys=keys, args=args)
             return bool(int(reply[0])), as_bytes(reply[1])
 
         appended, value = await retry(send, self.policy)
@@ -143,6 +159,18 @@ class AdminPublisher:
                     previous,
                 )
         return appended
+
+    async def _waited(self, kind: str, *args: Any) -> list[Any]:
+        """Run one XADD (``kind`` "xadd") or the outcome script ("eval") then WAIT, on one connection."""
+        if is_cluster(self.redis):
+            await self.redis.initialize()  # the slot map routes the WAIT
+        async with self.redis.pipeline(transaction=False) as pipe:
+            if kind == "xadd":
+                pipe.xadd(args[0], args[1], maxlen=self.maxlen, approximate=True)
+            else:
+                pipe.eval(_OUTCOME_SCRIPT, 3, *args)
+            waits = queue_wait(self.redis, pipe, [self.keys.admin], self.wait_replicas, self.wait_timeout)
+            return check_waits(list(await pipe.execute()), waits, self.wait_replicas)
 
     @property
     def _script(self) -> AsyncScript:

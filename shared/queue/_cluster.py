@@ -130,6 +130,27 @@ def queue_wait(client: Any, pipe: Any, keys: Iterable[str], replicas: int, timeo
     return len(nodes)
 
 
+async def wait_replicated(client: redis.asyncio.Redis, key: str, replicas: int, wait_s: float) -> None:
+    """Wait until ``replicas`` replicas hold every write made so far to the master serving ``key``.
+
+    For writes made on another pooled connection (a WATCH/MULTI/EXEC that
+    has already returned): WAIT counts the writes of its own connection,
+    but the replication stream is one ordered log per master, so one more
+    write (``SET key 1``, ``key`` a small marker in the written slot) then
+    WAIT on its connection covers everything the master applied before.
+
+    Raises:
+        TransientError: fewer acknowledgements within ``wait_s`` seconds (the writes
+            stand on the master; the caller may save again, idempotently).
+    """
+    if is_cluster(client):
+        await client.initialize()
+    async with client.pipeline(transaction=False) as pipe:
+        pipe.set(key, b"1")
+        waits = queue_wait(client, pipe, [key], replicas, wait_s)
+        check_waits(list(await pipe.execute()), waits, replicas)
+
+
 def check_waits(replies: list[Any], waits: int, replicas: int) -> list[Any]:
     """Return ``replies`` without their last ``waits`` WAIT replies, after checking them.
 
@@ -149,4 +170,11 @@ def check_waits(replies: list[Any], waits: int, replicas: int) -> list[Any]:
     return body
 
 
-__all__ = ["check_waits", "connect_cluster", "connect_cluster_sync", "is_cluster", "queue_wait"]
+__all__ = [
+    "check_waits",
+    "connect_cluster",
+    "connect_cluster_sync",
+    "is_cluster",
+    "queue_wait",
+    "wait_replicated",
+]
