@@ -36,13 +36,23 @@ _ALL = "16384"  # slots
 
 
 def _info(port: int) -> dict[str, str]:
+    """Return the node's CLUSTER INFO and INFO replication fields."""
     r = redis.Redis(port=port, socket_timeout=2.0)
     try:
-        text = r.execute_command("CLUSTER", "INFO")
+        texts = [r.execute_command("CLUSTER", "INFO"), r.execute_command("INFO", "replication")]
     finally:
         r.close()
-    raw = text.decode() if isinstance(text, bytes) else str(text)
-    return dict(line.split(":", 1) for line in raw.split() if ":" in line)
+    out: dict[str, str] = {}
+    for text in texts:
+        raw = text.decode() if isinstance(text, bytes) else str(text)
+        out.update(line.split(":", 1) for line in raw.split() if ":" in line)
+    return out
+
+
+def _settled(info: dict[str, str]) -> bool:
+    """A node is settled when the cluster is ok and, if a replica, its link to its master is up."""
+    ok = info.get("cluster_state") == "ok" and info.get("cluster_slots_ok") == _ALL
+    return ok and (info.get("role") != "slave" or info.get("master_link_status") == "up")
 
 
 @dataclass
@@ -67,6 +77,8 @@ class LocalRedisCluster:
             folder = self.workdir / f"node{i}"
             args = ["--cluster-enabled", "yes", "--cluster-config-file", str(folder / "nodes.conf")]
             args += ["--cluster-node-timeout", str(NODE_TIMEOUT_MS), "--appendonly", "no"]
+            # Replicas sync at once (no 5 s diskless-sync delay) so WAIT works soon after start.
+            args += ["--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0"]
             # An explicit bus port: the default (port + 10000) may be taken or out of range.
             args += ["--cluster-port", str(free_port())]
             server = RedisServer(folder, extra_args=args, port=port)
@@ -84,12 +96,12 @@ class LocalRedisCluster:
         return [s for s in self.servers if s.proc is not None and s.proc.poll() is None]
 
     def wait_ok(self, timeout: float = READY_TIMEOUT) -> None:
-        """Return once every live node says ``cluster_state:ok`` with all 16384 slots served."""
+        """Return once every live node says ``cluster_state:ok`` (all 16384 slots) and replicas are synced."""
         deadline = time.monotonic() + timeout
         while True:
             try:
                 infos = [_info(s.port) for s in self.live()]
-                if all(i.get("cluster_state") == "ok" and i.get("cluster_slots_ok") == _ALL for i in infos):
+                if all(_settled(i) for i in infos):
                     return
             except redis.RedisError:
                 pass
