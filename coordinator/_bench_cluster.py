@@ -4,9 +4,10 @@ For each backend (a throwaway ``redis-server``; a throwaway cluster of 3
 masters + 3 replicas) and each worker count (2, 4, 8 by default), a fresh
 fleet of a coordinator and N worker processes commits the same workload
 (:func:`._bench_fleet.run_fleet`), and the table shows datasets committed
-per second, and each run's rate relative to the first row (one node, fewest
-workers), all measured in the same run. Runs alternate between the backends
-per worker count, so a change of machine load hits both.
+per second (the median of ``rounds`` runs), and each rate relative to the
+first row (one node, fewest workers), all measured in the same run. Runs
+alternate between the backends per worker count (which goes first swaps
+every round), so a change of machine load hits both.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import contextlib
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import tempfile
 import time
@@ -132,15 +134,20 @@ class ThrowawayRedisCluster:
 
 @dataclass(frozen=True, slots=True)
 class ScalingRow:
-    """One run: backend, worker processes, its figures."""
+    """One (backend, worker count): the figures of each of its rounds."""
 
     backend: str
     workers: int
-    result: ModeResult
+    results: tuple[ModeResult, ...]
+
+    @property
+    def rate(self) -> float:
+        """Return the median datasets/s over the rounds."""
+        return statistics.median(r.rate for r in self.results)
 
 
 async def run_cluster_bench(
-    settings: Settings, w: Workload, *, worker_counts: list[int], console: Console
+    settings: Settings, w: Workload, *, worker_counts: list[int], console: Console, rounds: int = 1
 ) -> list[ScalingRow]:
     """Run the fleet mode on one node and on a 3-master cluster for each worker count; print the table.
 
@@ -166,14 +173,17 @@ async def run_cluster_bench(
             f"{settings.store.url}, workers {worker_counts}, "
             f"redis.wait_replicas {settings.redis.wait_replicas}"
         )
-        rows: list[ScalingRow] = []
+        runs: dict[tuple[str, int], list[ModeResult]] = {(b, n): [] for n in worker_counts for b in backends}
         limit = max(180.0, w.datasets * w.files * 0.1)
-        for n in worker_counts:
-            for backend, url in backends.items():
-                run = replace(w, tag=os.urandom(3).hex())
-                result = await run_fleet(fleet_settings(settings, url), run, n, work, limit)
-                rows.append(ScalingRow(backend, n, result))
-                console.print(f"{backend}, {n} workers: {result.rate:.1f} datasets/s")
+        for i in range(rounds):
+            for n in worker_counts:
+                order = list(backends.items())
+                for backend, url in order if i % 2 == 0 else order[::-1]:
+                    run = replace(w, tag=os.urandom(3).hex())
+                    result = await run_fleet(fleet_settings(settings, url), run, n, work, limit)
+                    runs[(backend, n)].append(result)
+                    console.print(f"round {i + 1}: {backend}, {n} workers: {result.rate:.1f} datasets/s")
+        rows = [ScalingRow(b, n, tuple(results)) for (b, n), results in runs.items()]
         _print(rows, console)
         return rows
     finally:
@@ -186,13 +196,17 @@ async def run_cluster_bench(
 
 
 def _print(rows: list[ScalingRow], console: Console) -> None:
-    first = rows[0].result.rate if rows else 0.0
-    table = Table("backend", "workers", "seconds", "datasets/s", "x first row", "worker CPU ms/dataset")
-    for row in sorted(rows, key=lambda r: (r.backend != "one node", r.workers)):
-        r = row.result
-        cpu = f"{1000 * r.cpu_seconds / r.datasets:.1f}" if r.cpu_seconds is not None else "-"
-        ratio = f"{r.rate / first:.2f}" if first else "-"
-        table.add_row(row.backend, str(row.workers), f"{r.seconds:.2f}", f"{r.rate:.1f}", ratio, cpu)
+    ordered = sorted(rows, key=lambda r: (r.backend != "one node", r.workers))
+    first = ordered[0].rate if ordered else 0.0
+    table = Table(
+        "backend", "workers", "datasets/s (median)", "x first row", "each round", "worker CPU ms/dataset"
+    )
+    for row in ordered:
+        cpus = [r.cpu_seconds / r.datasets for r in row.results if r.cpu_seconds is not None]
+        cpu = f"{1000 * statistics.median(cpus):.1f}" if cpus else "-"
+        ratio = f"{row.rate / first:.2f}" if first else "-"
+        each = " ".join(f"{r.rate:.1f}" for r in row.results)
+        table.add_row(row.backend, str(row.workers), f"{row.rate:.1f}", ratio, each, cpu)
     console.print(table)
 
 

@@ -267,6 +267,7 @@ def bench(
     worker_counts: Annotated[
         str, typer.Option(help="cluster: worker processes per run, on one node and on the cluster.")
     ] = "2,4,8",
+    rounds: Annotated[int, typer.Option(help="cluster: rounds per run (the table shows the median).")] = 3,
     config: ConfigOpt = None,
 ) -> None:
     """Benchmarks: intake (worker events/s against raw XREADGROUP+XACK), commit (fleet and commit
@@ -297,9 +298,9 @@ def bench(
         from ._bench_cluster import run_cluster_bench
 
         counts = [int(c) for c in worker_counts.split(",") if c.strip().isdigit()]
-        if not counts or min(counts) < 1:
-            raise typer.BadParameter("--worker-counts takes counts >= 1, e.g. 2,4,8")
-        _run(run_cluster_bench(s, w, worker_counts=counts, console=out))
+        if not counts or min(counts) < 1 or rounds < 1:
+            raise typer.BadParameter("--worker-counts takes counts >= 1, e.g. 2,4,8; --rounds >= 1")
+        _run(run_cluster_bench(s, w, worker_counts=counts, console=out, rounds=rounds))
         return
     _run(run_commit_bench(s, w, modes=chosen, workers=workers, inflight=inflight, console=out))
 

@@ -28,5 +28,5 @@ async def test_cluster_bench_commits_the_workload_on_both_backends(tmp_path: Pat
         ("one node", 2),
         ("cluster, 3 masters", 2),
     ]
-    assert all(r.result.datasets == 12 and r.result.rate > 0 for r in rows)
+    assert all(len(r.results) == 1 and r.results[0].datasets == 12 and r.rate > 0 for r in rows)
     assert "datasets/s" in buf.getvalue()
