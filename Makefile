@@ -1,5 +1,5 @@
 # The two commands of the README: `make demo` and `make test`.
-.PHONY: demo test lint typecheck check stress chaos bench bootstrap schema spark-cluster
+.PHONY: demo test lint typecheck check stress chaos bench bootstrap schema spark-cluster redis-cluster
 
 VENV := .venv/bin
 
@@ -28,6 +28,10 @@ chaos: bootstrap
 # A real Spark standalone cluster (master + 2 workers from the installed pyspark) and spark-submit.
 spark-cluster: bootstrap
 	$(VENV)/pytest -q -m spark_cluster tests/e2e/test_spark_cluster.py
+
+# The multi-process fleet, a master failover and the Spark e2e test on a local 3+3 Redis Cluster.
+redis-cluster: bootstrap
+	$(VENV)/pytest -q -m redis_cluster
 
 bench: bootstrap
 	$(VENV)/commitfleet bench

@@ -250,7 +250,7 @@ def demo(
 
 @app.command()
 def bench(
-    what: Annotated[str, typer.Argument(help="intake, or commit.")] = "intake",
+    what: Annotated[str, typer.Argument(help="intake, commit, or cluster.")] = "intake",
     events_n: Annotated[int, typer.Option("--events", help="intake: events to push through.")] = 20000,
     datasets: Annotated[int, typer.Option(help="commit: datasets per mode.")] = 200,
     files: Annotated[int, typer.Option(help="commit: files per dataset.")] = 8,
@@ -264,18 +264,24 @@ def bench(
     ] = 0.0,
     workers: Annotated[int, typer.Option(help="commit: worker processes of the fleet mode.")] = 2,
     inflight: Annotated[int, typer.Option(help="commit: datasets at a time in the core mode.")] = 32,
+    worker_counts: Annotated[
+        str, typer.Option(help="cluster: worker processes per run, on one node and on the cluster.")
+    ] = "2,4,8",
+    rounds: Annotated[int, typer.Option(help="cluster: rounds per run (the table shows the median).")] = 3,
     config: ConfigOpt = None,
 ) -> None:
-    """Benchmarks: intake (worker events/s against raw XREADGROUP+XACK) or commit (fleet and commit
-    core against a sequential single driver on the configured store; a temporary local one by default)."""
+    """Benchmarks: intake (worker events/s against raw XREADGROUP+XACK), commit (fleet and commit
+    core against a sequential single driver on the configured store; a temporary local one by default),
+    or cluster (the fleet mode on one Redis node and on a throwaway 3-master Redis Cluster, per worker
+    count)."""
     s = _settings(config)
     if what == "intake":
         from ._bench import run_bench
 
         _run(run_bench(s, events_n, console=out))
         return
-    if what != "commit":
-        raise typer.BadParameter(f"unknown benchmark {what!r} (intake or commit)")
+    if what not in ("commit", "cluster"):
+        raise typer.BadParameter(f"unknown benchmark {what!r} (intake, commit or cluster)")
     from ._bench_commit import MODES, Workload
     from ._bench_fleet import run_commit_bench
 
@@ -288,6 +294,14 @@ def bench(
         )
         s = msgspec.structs.replace(s, store=store)
     w = Workload(datasets=datasets, files=files, size=size)
+    if what == "cluster":
+        from ._bench_cluster import run_cluster_bench
+
+        counts = [int(c) for c in worker_counts.split(",") if c.strip().isdigit()]
+        if not counts or min(counts) < 1 or rounds < 1:
+            raise typer.BadParameter("--worker-counts takes counts >= 1, e.g. 2,4,8; --rounds >= 1")
+        _run(run_cluster_bench(s, w, worker_counts=counts, console=out, rounds=rounds))
+        return
     _run(run_commit_bench(s, w, modes=chosen, workers=workers, inflight=inflight, console=out))
 
 

@@ -123,7 +123,13 @@ class Coordinator:
                 self.settings = s = resolved
                 keys = Keys(s.fleet.name)
                 registry = FleetRegistry(r, keys)
-                admin = AdminPublisher(r, keys, maxlen=s.admin.stream_maxlen)
+                admin = AdminPublisher(
+                    r,
+                    keys,
+                    maxlen=s.admin.stream_maxlen,
+                    wait_replicas=s.redis.wait_replicas,
+                    wait_timeout=s.redis.wait_timeout,
+                )
                 server = AdminServer(s, r, keys, store, coordinator_id=self.id, leading=self.leading)
                 await server.start()
                 self.http_port = server.port

@@ -22,6 +22,7 @@ from typing import Any, Literal
 import msgspec
 
 from ._errors import ConfigError
+from ._redis_url import is_cluster_url, parse_cluster_url
 
 ENV_PREFIX = "COMMITFLEET_"
 
@@ -54,9 +55,24 @@ class RedisSettings(_Section, frozen=True):
     url: str = "redis://127.0.0.1:6379/0"
     socket_timeout: float = 10.0
 
+    # -- Redis Cluster and durability (docs/queue.md "Redis Cluster") --------------
+    # redis+cluster://host:port[,host:port...] (rediss+cluster:// with TLS) selects a cluster.
+    # wait_replicas > 0: publishers and workers' state writes WAIT for that many replicas
+    # (at most wait_timeout seconds each) and treat fewer acknowledgements as a transient error.
+    wait_replicas: int = 0
+    wait_timeout: float = 1.0
+
     def __post_init__(self) -> None:
-        if not self.url.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError("redis.url must start with redis://, rediss:// or unix://")
+        if is_cluster_url(self.url):
+            parse_cluster_url(self.url)  # raises ValueError with a one-line reason
+        elif not self.url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(
+                "redis.url must start with redis://, rediss://, unix://, redis+cluster:// or rediss+cluster://"
+            )
+        if self.wait_replicas < 0:
+            raise ValueError("redis.wait_replicas must be >= 0")
+        if self.wait_timeout <= 0:
+            raise ValueError("redis.wait_timeout must be > 0 seconds")
 
 
 class StoreSettings(_Section, frozen=True):

@@ -152,7 +152,14 @@ class ShardRunner(IntakeMixin, ActionsMixin):
         token = await ctx.registry.owner_token(self.shard)
         if token is None or not token.decode().startswith(f"{ctx.worker_id}@"):
             raise Fenced(f"shard {self.shard} owner token is {token!r}, not ours")
-        self.store = ShardStateStore(ctx.redis, ctx.keys, self.shard, token)
+        self.store = ShardStateStore(
+            ctx.redis,
+            ctx.keys,
+            self.shard,
+            token,
+            wait_replicas=ctx.settings.redis.wait_replicas,
+            wait_timeout=ctx.settings.redis.wait_timeout,
+        )
         state = await load_or_set_aside(ctx, self.store, self.stopping)  # waits while unreadable
         if state is None:
             return

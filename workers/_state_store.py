@@ -38,6 +38,7 @@ from shared.queue import (
     as_text,
     encode_result,
     redis_errors,
+    wait_replicated,
 )
 
 from ._jobstate import STATE_VERSION, Attempt, Ended, JobMeta, ShardJobs, attempt_field
@@ -91,8 +92,19 @@ class Batch:
 class ShardStateStore:
     """Loads and saves one shard's job state, fenced by the shard's owner token."""
 
-    def __init__(self, redis_client: redis.asyncio.Redis, keys: Keys, shard: int, token: bytes) -> None:
+    def __init__(
+        self,
+        redis_client: redis.asyncio.Redis,
+        keys: Keys,
+        shard: int,
+        token: bytes,
+        *,
+        wait_replicas: int = 0,
+        wait_timeout: float = 1.0,
+    ) -> None:
         self._r = redis_client
+        # redis.wait_replicas: each save waits for that many replicas (docs/queue.md "Redis Cluster").
+        self._wait = (wait_replicas, wait_timeout)
         self._keys = keys
         self.shard = shard
         self.token = token
@@ -201,6 +213,8 @@ class ShardStateStore:
                     await pipe.execute()
                 except rx.WatchError:
                     raise Fenced(f"shard {self.shard} changed owner during a write") from None
+            if self._wait[0]:
+                await wait_replicated(self._r, self._keys.shard_state(self.shard, "wait"), *self._wait)
 
     async def forget_ended(self, jobs: Iterable[str]) -> None:
         """Drop the records of ended jobs past their retention."""

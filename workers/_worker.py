@@ -165,6 +165,8 @@ class Worker:
                         maxlen=s.admin.stream_maxlen,
                         markers_max=s.queue.outcome_markers_max,
                         marker_retention_s=s.queue.ended_retention,
+                        wait_replicas=s.redis.wait_replicas,
+                        wait_timeout=s.redis.wait_timeout,
                     ),
                     limits=ValidationLimits.from_settings(s.security),
                     inflight=asyncio.Semaphore(s.worker.max_inflight_datasets),

@@ -2,12 +2,16 @@
 
 Keys (``Keys.fleet_key`` / ``Keys.shard_state``)::
 
-    cf:<fleet>:workers                 set of registered worker ids
-    cf:<fleet>:worker.<id>             the worker's lease (JSON WorkerInfo, expires after worker.lease)
-    cf:<fleet>:assignment              hash {epoch, doc}: the Assignment, replaced by compare-and-swap
-    cf:<fleet>:handoff                 hash shard -> worker that confirmed it stopped the shard
-    cf:<fleet>:leader                  the leading coordinator's id (expires with its lease)
+    cf:<fleet>:{F}:workers             set of registered worker ids
+    cf:<fleet>:{F}:worker.<id>         the worker's lease (JSON WorkerInfo, expires after worker.lease)
+    cf:<fleet>:{F}:assignment          hash {epoch, doc}: the Assignment, replaced by compare-and-swap
+    cf:<fleet>:{F}:handoff             hash shard -> worker that confirmed it stopped the shard
+    cf:<fleet>:{F}:leader              the leading coordinator's id (expires with its lease)
     cf:<fleet>:{s<n>}:state:owner      the shard's owner token "<worker>@<epoch>"
+
+``{F}`` is the fleet tag (``Keys.fleet_tag``): membership and leases share one
+Redis Cluster slot, so registration (MULTI) and the lease lookup (MGET) work
+on a cluster.
 
 A worker writes its own lease and its handoff confirmations; the leading
 coordinator writes the assignment and the owner tokens. The owner token fences
@@ -84,9 +88,10 @@ class FleetRegistry:
     async def register(self, info: WorkerInfo, lease: float) -> None:
         """Create or refresh the worker's lease and add it to the member set."""
         with redis_errors("register worker"):
+            lease_key, members = Keys.one_slot([self._lease_key(info.id), self.keys.workers])
             async with self._r.pipeline(transaction=True) as pipe:
-                pipe.set(self._lease_key(info.id), _enc.encode(info), px=int(lease * 1000))
-                pipe.sadd(self.keys.workers, info.id)
+                pipe.set(lease_key, _enc.encode(info), px=int(lease * 1000))
+                pipe.sadd(members, info.id)
                 await pipe.execute()
 
     async def renew(self, info: WorkerInfo, lease: float) -> bool:
@@ -102,16 +107,18 @@ class FleetRegistry:
     async def deregister(self, worker: str) -> None:
         """Remove the worker's lease and membership (safe to call twice)."""
         with redis_errors("deregister worker"):
+            lease_key, members = Keys.one_slot([self._lease_key(worker), self.keys.workers])
             async with self._r.pipeline(transaction=True) as pipe:
-                pipe.delete(self._lease_key(worker))
-                pipe.srem(self.keys.workers, worker)
+                pipe.delete(lease_key)
+                pipe.srem(members, worker)
                 await pipe.execute()
 
     async def members(self) -> tuple[dict[str, WorkerInfo], set[str]]:
         """Return (live workers by id, registered ids whose lease has expired)."""
         with redis_errors("read members"):
             ids = sorted(as_text(m) for m in await self._r.smembers(self.keys.workers))
-            values = await self._r.mget([self._lease_key(w) for w in ids]) if ids else []
+            leases = Keys.one_slot(self._lease_key(w) for w in ids)
+            values = await self._r.mget(leases) if ids else []
         live: dict[str, WorkerInfo] = {}
         dead: set[str] = set()
         for wid, raw in zip(ids, values, strict=True):

@@ -6,6 +6,7 @@ See docs/queue.md for the key layout, entry fields and consumer-group semantics.
 
 from ._admin_stream import DEFAULT_ADMIN_MAXLEN, AdminPublisher, follow_admin, read_admin_range
 from ._bench import raw_consume_rate
+from ._cluster import wait_replicated
 from ._connect import connect, connect_sync, redis_errors
 from ._consumer import DEFAULT_GROUP, ConsumerInfo, ShardConsumer, ShardLag, Trimmed, trim_acknowledged
 from ._dead_letters import DeadLetter, cap_dead_letters, count_dead_letters, read_dead_letters
@@ -38,6 +39,7 @@ from ._publisher import AsyncPublisher, SyncPublisher, plan_entries
 from ._routing import group_by_shard, shard_of, split_by_shard
 
 __all__ = [
+    "wait_replicated",
     "RESULT_RETENTION_S",
     "DatasetResult",
     "JobOutcome",

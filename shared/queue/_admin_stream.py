@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncGenerator
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 import redis.asyncio
 from redis.commands.core import AsyncScript
 
 from .._retry import RetryPolicy, retry
 from ..events import DATA_FIELD, AdminEvent, InvalidMessage, decode_admin, encode_admin
+from ._cluster import check_waits, is_cluster, queue_wait
 from ._connect import redis_errors
 from ._entry import Entry, as_bytes, entries_from_reply
 from ._keys import Keys
@@ -79,6 +80,7 @@ if #ids > 0 then
 end
 return {1, id}
 """
+_OUTCOME_KEYS: Final = 5  # admin, markers, counts, order, the legacy marker key
 
 
 class AdminPublisher:
@@ -88,6 +90,12 @@ class AdminPublisher:
     ``policy``; a retried :meth:`publish` may duplicate an informational
     admin event (readers see it twice). Outcomes (``committed``,
     ``aborted``) go through :meth:`publish_outcome`, which never does.
+
+    ``wait_replicas`` > 0: every append is followed by ``WAIT`` on the same
+    connection (see :mod:`._cluster`); fewer acknowledgements is a transient
+    error and the append is retried (an outcome's marker makes that retry
+    harmless; if the unreplicated write was lost in a failover, the retry
+    appends it again).
     """
 
     def __init__(
@@ -99,6 +107,8 @@ class AdminPublisher:
         markers_max: int = DEFAULT_MARKERS_MAX,
         marker_retention_s: float = OUTCOME_RETENTION_S,
         policy: RetryPolicy | None = None,
+        wait_replicas: int = 0,
+        wait_timeout: float = 1.0,
     ) -> None:
         """Set the caps: ``maxlen`` the admin stream's; ``markers_max``, ``marker_retention_s`` the markers'.
 
@@ -113,6 +123,8 @@ class AdminPublisher:
         self.markers_max = markers_max
         self.marker_retention_ms = int(marker_retention_s * 1000)
         self.policy = policy or RetryPolicy()
+        self.wait_replicas = wait_replicas
+        self.wait_timeout = wait_timeout
         self._outcome_script: AsyncScript | None = None
 
     async def publish(self, ev: AdminEvent) -> bytes:
@@ -128,6 +140,8 @@ class AdminPublisher:
 
         async def send() -> bytes:
             with redis_errors("XADD admin"):
+                if self.wait_replicas:
+                    return as_bytes((await self._waited("xadd", self.keys.admin, {_DATA: data}))[0])
                 entry_id = await self.redis.xadd(
                     self.keys.admin, {_DATA: data}, maxlen=self.maxlen, approximate=True
                 )
@@ -162,7 +176,7 @@ class AdminPublisher:
         """
         k = self.keys
         legacy = k.outcome_marker(dataset, job)  # also checks the names
-        keys = [k.admin, k.outcome_markers, k.outcome_counts, k.outcome_order, legacy]
+        keys = Keys.one_slot([k.admin, k.outcome_markers, k.outcome_counts, k.outcome_order, legacy])
         args: list[bytes | str | int] = [
             encode_admin(ev),
             self.maxlen,
@@ -175,7 +189,10 @@ class AdminPublisher:
 
         async def send() -> tuple[bool, bytes]:
             with redis_errors("admin outcome script"):
-                reply = await self._script(keys=keys, args=args)
+                if self.wait_replicas:
+                    reply = (await self._waited("eval", *keys, *args))[0]
+                else:
+                    reply = await self._script(keys=keys, args=args)
             return bool(int(reply[0])), as_bytes(reply[1])
 
         appended, value = await retry(send, self.policy)
@@ -190,6 +207,18 @@ class AdminPublisher:
                     previous,
                 )
         return appended
+
+    async def _waited(self, kind: str, *args: Any) -> list[Any]:
+        """Run one XADD (``kind`` "xadd") or the outcome script ("eval") then WAIT, on one connection."""
+        if is_cluster(self.redis):
+            await self.redis.initialize()  # the slot map routes the WAIT
+        async with self.redis.pipeline(transaction=False) as pipe:
+            if kind == "xadd":
+                pipe.xadd(args[0], args[1], maxlen=self.maxlen, approximate=True)
+            else:
+                pipe.eval(_OUTCOME_SCRIPT, _OUTCOME_KEYS, *args)
+            waits = queue_wait(self.redis, pipe, [self.keys.admin], self.wait_replicas, self.wait_timeout)
+            return check_waits(list(await pipe.execute()), waits, self.wait_replicas)
 
     @property
     def _script(self) -> AsyncScript:

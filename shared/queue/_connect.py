@@ -5,6 +5,11 @@ such as ``ssl_ca_certs=/path`` or ``ssl_cert_reqs=none`` are passed to
 redis-py) and ``unix:///path.sock?db=0`` are accepted. Clients return bytes
 (``decode_responses=False``).
 
+``redis+cluster://host:port[,host:port...]`` (``rediss+cluster://`` with TLS)
+gives a redis-py ``RedisCluster`` client (see :mod:`._cluster`). It is typed
+as the plain client: it offers the same commands, pipelines, transactions
+(one slot, see Keys) and scripts, and callers need not know which they hold.
+
 redis-py's own retry loop is switched off: retries happen in one place, our
 :class:`~shared._retry.RetryPolicy`, where callers can see them (a consumer
 must know that a read was lost, see ShardConsumer).
@@ -23,7 +28,9 @@ import redis.exceptions as rx
 import redis.retry
 
 from .._errors import ConfigError, NotFound, Throttled, TransientError
+from .._redis_url import is_cluster_url
 from .._settings import RedisSettings
+from ._cluster import connect_cluster, connect_cluster_sync
 
 # A pooled connection idle longer than this is PINGed before use, so a Redis
 # restart shows up as one reconnect instead of an error on the next command.
@@ -38,6 +45,8 @@ def connect(settings: RedisSettings, *, client_name: str | None = None) -> redis
     Raises:
         ConfigError: the URL cannot be parsed.
     """
+    if is_cluster_url(settings.url):
+        return connect_cluster(settings, client_name=client_name, health_check_interval=HEALTH_CHECK_INTERVAL)
     try:
         return redis.asyncio.Redis.from_url(
             settings.url,
@@ -56,9 +65,18 @@ def connect(settings: RedisSettings, *, client_name: str | None = None) -> redis
 def connect_sync(settings: RedisSettings, *, client_name: str | None = None) -> redis.Redis:
     """Return a blocking Redis client for ``settings.url`` (for Spark executors and tools).
 
+    A cluster client learns the cluster's layout at once (the only client
+    here that does I/O when created).
+
     Raises:
         ConfigError: the URL cannot be parsed.
+        TransientError: (cluster URL) no seed node answered.
     """
+    if is_cluster_url(settings.url):
+        with redis_errors("connect to the cluster"):
+            return connect_cluster_sync(
+                settings, client_name=client_name, health_check_interval=HEALTH_CHECK_INTERVAL
+            )
     try:
         return redis.Redis.from_url(
             settings.url,
@@ -74,6 +92,10 @@ def connect_sync(settings: RedisSettings, *, client_name: str | None = None) -> 
         raise ConfigError(f"bad redis.url: {exc}") from None
 
 
+# redis-py's RedisClusterException texts that mean "the cluster is not reachable or not settled".
+_CLUSTER_TRANSIENT = ("cannot be connected", "could not agree", "are not covered", "No targets were found")
+
+
 def _message(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
@@ -85,8 +107,9 @@ def redis_errors(what: str) -> Iterator[None]:
     Works around sync and async code alike (``with redis_errors("XADD"): await ...``).
 
     - authentication / ACL failures (wrong password, NOPERM) -> ConfigError
-    - connection errors, timeouts, LOADING, TRYAGAIN, CLUSTERDOWN, READONLY
-      (failover in progress), MISCONF -> TransientError
+    - connection errors, timeouts, LOADING, TRYAGAIN, CLUSTERDOWN, MOVED / ASK
+      left over after redis-py's redirects, a slot not covered, a cluster not
+      reachable, READONLY (failover in progress), MISCONF -> TransientError
     - OOM -> Throttled
     - NOGROUP, "no such key" -> NotFound
     - WRONGTYPE (a key used by something else) -> ConfigError
@@ -102,6 +125,17 @@ def redis_errors(what: str) -> Iterator[None]:
         raise ConfigError(f"redis ACL denies {what}: {_message(exc)}") from exc
     except (rx.ConnectionError, rx.TimeoutError, rx.TryAgainError, rx.ClusterDownError) as exc:
         raise TransientError(f"redis unavailable during {what}: {_message(exc)}") from exc
+    except (rx.AskError, rx.ClusterError, rx.SlotNotCoveredError) as exc:
+        raise TransientError(f"redis cluster is moving during {what}: {_message(exc)}") from exc
+    except rx.RedisClusterException as exc:
+        # Only the cluster being out of reach or resharding is transient; "same key
+        # slot", "missing key" and the like are programming errors and propagate.
+        text = _message(exc)
+        if "Cluster mode is not enabled" in text:
+            raise ConfigError(f"redis.url names a cluster but the server is not one ({what})") from exc
+        if any(s in text for s in _CLUSTER_TRANSIENT):
+            raise TransientError(f"redis cluster unavailable during {what}: {text}") from exc
+        raise
     except rx.ReadOnlyError as exc:
         raise TransientError(f"redis is a read-only replica during {what}: {_message(exc)}") from exc
     except rx.OutOfMemoryError as exc:

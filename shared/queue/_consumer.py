@@ -205,8 +205,8 @@ class ShardConsumer:
         self.shard = shard
         self.group = group
         self.consumer = consumer
-        self.stream = keys.events(shard)
-        self.dead_stream = keys.dead(shard)
+        # The scripts below take both streams: one slot, by the key layout.
+        self.stream, self.dead_stream = Keys.one_slot([keys.events(shard), keys.dead(shard)])
         self._max_copy_bytes = max_copy_bytes
         self._dead_letter = redis_client.register_script(_DEAD_LETTER_LUA)
         self._claim = redis_client.register_script(_CLAIM_LUA)

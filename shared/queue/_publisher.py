@@ -11,6 +11,11 @@ order per shard.
 The first publish of a publisher checks (or records) the fleet's shard
 count in Redis, so a producer configured with the wrong N fails with
 ConfigError instead of routing datasets to the wrong shards.
+
+With ``wait_replicas`` = N > 0 every pipelined batch ends with ``WAIT N``
+on each node it wrote to (see :mod:`._cluster`); a batch fewer than N
+replicas acknowledged is sent again under the retry policy, so a returned
+publish survives the failure of any one master.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from .._errors import ConfigError
 from .._retry import RetryPolicy, retry
 from .._settings import RedisSettings
 from ..events import QueueEvent, entry_fields
+from ._cluster import check_waits, is_cluster, queue_wait
 from ._connect import connect_sync, redis_errors
 from ._fleet_meta import ensure_fleet, ensure_fleet_sync
 from ._keys import Keys
@@ -81,7 +87,13 @@ class _PublisherBase:
         maxlen: int | None,
         policy: RetryPolicy | None,
         on_retry: OnRetry | None,
+        wait_replicas: int = 0,
+        wait_timeout: float = 1.0,
     ) -> None:
+        if wait_replicas < 0 or wait_timeout <= 0:
+            raise ConfigError(f"bad WAIT settings: {wait_replicas} replicas, {wait_timeout} s")
+        self.wait_replicas = wait_replicas
+        self.wait_timeout = wait_timeout
         self.keys = Keys(fleet)
         self.shards = shards
         self.secret = _secret_bytes(secret)
@@ -89,6 +101,13 @@ class _PublisherBase:
         self.policy = policy or RetryPolicy()
         self.on_retry = on_retry
         self._checked = False
+
+    def _queue_waits(self, client: object, pipe: object, chunk: Sequence[tuple[int, Fields]]) -> int:
+        """Append the WAITs of a batch to its pipeline; return how many (0 with WAIT off)."""
+        if not self.wait_replicas:
+            return 0
+        streams = {self.keys.events(shard) for shard, _ in chunk}
+        return queue_wait(client, pipe, streams, self.wait_replicas, self.wait_timeout)
 
 
 class AsyncPublisher(_PublisherBase):
@@ -98,7 +117,8 @@ class AsyncPublisher(_PublisherBase):
     shard stream approximately (off by default: trimming can drop entries
     that were never consumed); ``policy`` bounds the retries of transient
     errors and ``on_retry(attempt, error)`` is called before each retry (for
-    logs and metrics). The caller owns ``redis_client``.
+    logs and metrics); ``wait_replicas`` / ``wait_timeout``: see the module
+    docstring. The caller owns ``redis_client``.
     """
 
     def __init__(
@@ -111,9 +131,11 @@ class AsyncPublisher(_PublisherBase):
         maxlen: int | None = None,
         policy: RetryPolicy | None = None,
         on_retry: OnRetry | None = None,
+        wait_replicas: int = 0,
+        wait_timeout: float = 1.0,
     ) -> None:
         self.redis = redis_client
-        super().__init__(fleet, shards, secret, maxlen, policy, on_retry)
+        super().__init__(fleet, shards, secret, maxlen, policy, on_retry, wait_replicas, wait_timeout)
 
     async def _check_fleet(self) -> None:
         if not self._checked:
@@ -161,10 +183,13 @@ class AsyncPublisher(_PublisherBase):
 
             async def send(chunk: Sequence[tuple[int, Fields]] = chunk) -> list[bytes]:
                 with redis_errors("XADD"):
+                    if self.wait_replicas and is_cluster(self.redis):
+                        await self.redis.initialize()  # the slot map routes each WAIT
                     async with self.redis.pipeline(transaction=False) as pipe:
                         for shard, fields in chunk:
                             pipe.xadd(self.keys.events(shard), dict(fields), **extra)  # type: ignore[arg-type]
-                        return list(await pipe.execute())
+                        waits = self._queue_waits(self.redis, pipe, chunk)
+                        return check_waits(list(await pipe.execute()), waits, self.wait_replicas)
 
             ids.extend(await retry(send, self.policy, on_retry=self.on_retry))
         return ids
@@ -196,7 +221,8 @@ class SyncPublisher(_PublisherBase):
     """Blocking publisher for Spark executors and scripts: same routing, encoding and retries.
 
     Create it once per process with :meth:`cached` (one connection pool per
-    process, reused by every task); it is thread-safe.
+    process, reused by every task); it is thread-safe. Arguments as
+    :class:`AsyncPublisher`.
     """
 
     # The one deliberate piece of process-global state: Spark runs many tasks
@@ -214,9 +240,11 @@ class SyncPublisher(_PublisherBase):
         maxlen: int | None = None,
         policy: RetryPolicy | None = None,
         on_retry: OnRetry | None = None,
+        wait_replicas: int = 0,
+        wait_timeout: float = 1.0,
     ) -> None:
         self.redis = redis_client
-        super().__init__(fleet, shards, secret, maxlen, policy, on_retry)
+        super().__init__(fleet, shards, secret, maxlen, policy, on_retry, wait_replicas, wait_timeout)
 
     @classmethod
     def cached(
@@ -228,6 +256,8 @@ class SyncPublisher(_PublisherBase):
         *,
         socket_timeout: float = 10.0,
         maxlen: int | None = None,
+        wait_replicas: int = 0,
+        wait_timeout: float = 1.0,
     ) -> SyncPublisher:
         """Return this process's publisher for these arguments, creating it on first use.
 
@@ -237,7 +267,7 @@ class SyncPublisher(_PublisherBase):
         Raises:
             ConfigError: the URL is malformed.
         """
-        key = (os.getpid(), url, fleet, shards, _secret_bytes(secret), socket_timeout, maxlen)
+        key = (os.getpid(), url, fleet, shards, _secret_bytes(secret), socket_timeout, maxlen, wait_replicas)
         with cls._cache_lock:
             found = cls._cache.get(key)
             if found is None:
@@ -246,7 +276,15 @@ class SyncPublisher(_PublisherBase):
                 except ValueError as exc:
                     raise ConfigError(f"bad redis url: {exc}") from None
                 client = connect_sync(settings, client_name=f"commitfleet-producer-{os.getpid()}")
-                found = cls(client, fleet, shards, secret=secret, maxlen=maxlen)
+                found = cls(
+                    client,
+                    fleet,
+                    shards,
+                    secret=secret,
+                    maxlen=maxlen,
+                    wait_replicas=wait_replicas,
+                    wait_timeout=wait_timeout,
+                )
                 cls._cache[key] = found
             return found
 
@@ -298,7 +336,8 @@ class SyncPublisher(_PublisherBase):
                     pipe = self.redis.pipeline(transaction=False)
                     for shard, fields in chunk:
                         pipe.xadd(self.keys.events(shard), dict(fields), **extra)  # type: ignore[arg-type]
-                    return list(pipe.execute())
+                    waits = self._queue_waits(self.redis, pipe, chunk)
+                    return check_waits(list(pipe.execute()), waits, self.wait_replicas)
 
             ids.extend(retry_sync(send, self.policy, on_retry=self.on_retry))
         return ids

@@ -13,7 +13,8 @@ class ProducerConfig(msgspec.Struct, frozen=True, kw_only=True):
 
     The value is pickled into every task, so it holds only plain settings.
 
-    - ``redis_url``: the fleet's Redis (``redis://``, ``rediss://``, ``unix://``).
+    - ``redis_url``: the fleet's Redis (``redis://``, ``rediss://``, ``unix://``,
+      or a cluster: ``redis+cluster://host:port[,host:port...]``, ``rediss+cluster://``).
     - ``store_url``: the fleet's store root (``file:///``, ``s3://``, ``gs://``,
       ``az://``); ``store`` carries endpoint and timeout settings for it.
     - ``fleet`` / ``shards``: the fleet name and its shard count; with
@@ -29,6 +30,8 @@ class ProducerConfig(msgspec.Struct, frozen=True, kw_only=True):
     - ``app``: a free-text application name carried in ``JobStarted``.
     - ``upload_concurrency``: staged files written at once by one task.
     - ``redis_socket_timeout``: seconds per Redis command.
+    - ``redis_wait_replicas`` / ``redis_wait_timeout``: publishes wait for this
+      many replicas (``WAIT``, at most this many seconds per batch; 0: off).
     - ``preflight``: before the job starts, run one probe task on the executors
       (package, store write and delete, Redis); off only to save its ~1 s.
     """
@@ -46,12 +49,16 @@ class ProducerConfig(msgspec.Struct, frozen=True, kw_only=True):
     upload_concurrency: int = 8
     redis_socket_timeout: float = 10.0
     preflight: bool = True
+    redis_wait_replicas: int = 0
+    redis_wait_timeout: float = 1.0
 
     def __post_init__(self) -> None:
         if not self.store_url.startswith(("file://", "s3://", "gs://", "az://")):
             raise ConfigError(f"store_url must start with file://, s3://, gs:// or az://: {self.store_url!r}")
-        if not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
-            raise ConfigError("redis_url must start with redis://, rediss:// or unix://")
+        try:
+            self.redis_settings  # noqa: B018 - validates the URL and the WAIT settings
+        except ValueError as exc:
+            raise ConfigError(f"redis_url: {exc}") from None
         if self.shards is not None and not 1 <= self.shards <= 16384:
             raise ConfigError(f"shards must be between 1 and 16384, got {self.shards}")
         if self.job_timeout <= 0:
@@ -82,12 +89,19 @@ class ProducerConfig(msgspec.Struct, frozen=True, kw_only=True):
             job_timeout=settings.worker.job_timeout if job_timeout is None else job_timeout,
             app=app,
             redis_socket_timeout=settings.redis.socket_timeout,
+            redis_wait_replicas=settings.redis.wait_replicas,
+            redis_wait_timeout=settings.redis.wait_timeout,
         )
 
     @property
     def redis_settings(self) -> RedisSettings:
         """The Redis connection settings this config implies."""
-        return RedisSettings(url=self.redis_url, socket_timeout=self.redis_socket_timeout)
+        return RedisSettings(
+            url=self.redis_url,
+            socket_timeout=self.redis_socket_timeout,
+            wait_replicas=self.redis_wait_replicas,
+            wait_timeout=self.redis_wait_timeout,
+        )
 
     def with_shards(self, shards: int) -> ProducerConfig:
         """Return a copy whose shard count is fixed to ``shards``."""

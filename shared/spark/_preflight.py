@@ -111,16 +111,20 @@ def _check_store(job: str, config: ProducerConfig) -> list[str]:
 
 def _check_redis(config: ProducerConfig) -> list[str]:
     import redis
+    import redis.exceptions
 
-    client = redis.Redis.from_url(
-        config.redis_url,
-        socket_timeout=config.redis_socket_timeout,
-        socket_connect_timeout=config.redis_socket_timeout,
-    )
+    from ..queue import connect_sync
+
+    where = f"redis {_without_password(config.redis_url)}"
+    try:
+        # The publisher's own client: a cluster URL gets a cluster client (which connects now).
+        client = connect_sync(config.redis_settings)
+    except CommitfleetError as exc:
+        return [_line(where, exc)]
     try:
         client.ping()
-    except (redis.RedisError, OSError) as exc:
-        return [_line(f"redis {_without_password(config.redis_url)}", exc)]
+    except (redis.RedisError, redis.exceptions.RedisClusterException, OSError) as exc:
+        return [_line(where, exc)]
     finally:
         client.close()
     return []

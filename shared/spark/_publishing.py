@@ -55,6 +55,8 @@ def publisher_for(config: ProducerConfig) -> SyncPublisher:
         config.shards,
         config.hmac_secret,
         socket_timeout=config.redis_socket_timeout,
+        wait_replicas=config.redis_wait_replicas,
+        wait_timeout=config.redis_wait_timeout,
     )
 
 

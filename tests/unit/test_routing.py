@@ -156,8 +156,8 @@ def test_keys_share_one_cluster_slot_per_shard() -> None:
     assert key_slot(keys.events(6).encode()) != slot
     assert keys.meta == "cf:prod-1:meta"
     assert keys.admin == "cf:prod-1:admin"
-    assert keys.workers == "cf:prod-1:workers"
-    assert keys.fleet_key("assignment") == "cf:prod-1:assignment"
+    assert keys.workers == "cf:prod-1:{cf:prod-1:admin}:workers"
+    assert keys.fleet_key("assignment") == "cf:prod-1:{cf:prod-1:admin}:assignment"
 
 
 @pytest.mark.parametrize("bad", ["", "a:b", "a{b}", "x" * 65, "a b"])

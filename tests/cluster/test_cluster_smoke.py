@@ -1,0 +1,132 @@
+"""The quick Redis Cluster check of the default run: a real 3+3 cluster, coordinator and worker in-process.
+
+Publishes a small job through the cluster URL and waits for its commits and
+admin events: every fleet-wide transaction, MGET and script ran on a
+cluster (a cross-slot one fails there, it does not on one node).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from coordinator import Coordinator
+from coordinator._cli_ops import get_status
+from shared import ConfigError, RetryPolicy, Settings, TransientError, load_settings
+from shared._settings import RedisSettings
+from shared.events import Committed, JobStarted, WorkerJoined
+from shared.queue import (
+    AdminPublisher,
+    AsyncPublisher,
+    Keys,
+    SyncPublisher,
+    connect,
+    connect_sync,
+    ensure_fleet,
+    wait_replicated,
+)
+from shared.storage import open_store
+from tests._support.ports import free_port
+from tests._support.wait import wait_for
+from tests.fleet._helpers import admin_events, clean_audit, committed, fleet_settings, good_job, no_wal_left
+from workers import Worker
+
+
+def cluster_settings(url: str, root: Path, fleet: str) -> Settings:
+    return fleet_settings(url, root, fleet, shards=4)
+
+
+async def test_publish_and_commit_through_a_cluster(
+    redis_cluster_url: str, fleet_name: str, tmp_path: Path
+) -> None:
+    settings = cluster_settings(redis_cluster_url, tmp_path / "store", fleet_name)
+    client = connect(settings.redis)
+    coord = Coordinator(settings, coordinator_id="c1")
+    worker = Worker(settings, worker_id="w1")
+    try:
+        async with open_store(settings.store.url, settings.store) as store, asyncio.TaskGroup() as tg:
+            tasks = [tg.create_task(x.run()) for x in (coord, worker)]
+            try:
+                await ensure_fleet(client, fleet_name, settings.fleet.shards)
+                pub = AsyncPublisher(client, fleet_name, settings.fleet.shards)
+                datasets = [f"ds{i}" for i in range(4)]
+                await pub.publish_many(await good_job(store, "job-ok", datasets, tasks=2))
+                await wait_for(lambda: committed(store, datasets, "job-ok"), timeout=30, what="commits")
+
+                async def four_committed() -> bool:
+                    evs = await admin_events(client, fleet_name)
+                    return sum(isinstance(e, Committed) for e in evs) == 4
+
+                await wait_for(four_committed, timeout=20, what="4 committed events")
+                await wait_for(lambda: no_wal_left(store), timeout=20, what="commit sequences finished")
+                report = await clean_audit(store)
+                assert report.ok, report.violations
+                evs = await admin_events(client, fleet_name)
+                assert any(isinstance(e, WorkerJoined) and e.worker == "w1" for e in evs)
+                status = await get_status(settings)  # the CLI's status, through the cluster
+                assert status["fleet"] == fleet_name, status
+            finally:
+                worker.shutdown()
+                coord.shutdown()
+            await asyncio.gather(*tasks)
+        assert await client.scard(Keys(fleet_name).workers) == 0
+    finally:
+        await client.aclose()
+
+
+async def test_publishers_wait_for_replicas_on_the_cluster(redis_cluster_url: str, fleet_name: str) -> None:
+    settings = load_settings(env={}, overrides={"redis": {"url": redis_cluster_url, "wait_replicas": 1}})
+    client = connect(settings.redis)
+    policy = RetryPolicy(attempts=2).no_wait()
+    try:
+        await ensure_fleet(client, fleet_name, 16)
+        evs = [JobStarted(job=f"j{i}", datasets=[f"d{i}"], timeout_s=60, started_at=1.0) for i in range(40)]
+        pub = AsyncPublisher(client, fleet_name, 16, wait_replicas=1, policy=policy)
+        ids = await pub.publish_many(evs)  # 16 shards over 3 masters: one WAIT per master, each acked
+        assert len(ids) == 40
+        sync = SyncPublisher(connect_sync(settings.redis), fleet_name, 16, wait_replicas=1, policy=policy)
+        try:
+            assert len(await asyncio.to_thread(sync.publish_many, evs)) == 40
+            # Each master has one replica: asking for two can never be satisfied.
+            sync.wait_replicas = 2
+            with pytest.raises(TransientError, match="only 1 of 2 replicas"):
+                await asyncio.to_thread(sync.publish, evs[0])
+        finally:
+            sync.close()
+        admin = AdminPublisher(client, Keys(fleet_name), wait_replicas=1, policy=policy)
+        await admin.publish(WorkerJoined(at=1.0, worker="w"))
+        await wait_replicated(client, Keys(fleet_name).shard_state(3, "wait"), 1, 1.0)
+        with pytest.raises(TransientError, match="only 1 of 2"):
+            await wait_replicated(client, Keys(fleet_name).shard_state(3, "wait"), 2, 0.1)
+    finally:
+        await client.aclose()
+
+
+async def test_a_server_without_replicas_fails_wait_as_transient(redis_url: str, fleet_name: str) -> None:
+    client = connect(RedisSettings(url=redis_url))
+    try:
+        pub = AsyncPublisher(
+            client,
+            fleet_name,
+            4,
+            wait_replicas=1,
+            wait_timeout=0.05,
+            policy=RetryPolicy(attempts=2).no_wait(),
+        )
+        with pytest.raises(TransientError, match="only 0 of 1 replicas"):
+            await pub.publish(JobStarted(job="j", datasets=["d"], timeout_s=60, started_at=1.0))
+    finally:
+        await client.aclose()
+
+
+def test_a_cluster_url_on_a_plain_server_is_a_config_error(redis_url: str) -> None:
+    port = redis_url.split(":")[-1].split("/")[0]
+    with pytest.raises(ConfigError, match="not one"):
+        connect_sync(RedisSettings(url=f"redis+cluster://127.0.0.1:{port}"))
+
+
+def test_an_unreachable_cluster_is_transient() -> None:
+    with pytest.raises(TransientError, match="cluster"):
+        connect_sync(RedisSettings(url=f"redis+cluster://127.0.0.1:{free_port()}", socket_timeout=0.5))
