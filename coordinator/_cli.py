@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import tempfile
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -264,6 +265,9 @@ def bench(
     ] = 0.0,
     workers: Annotated[int, typer.Option(help="commit: worker processes of the fleet mode.")] = 2,
     inflight: Annotated[int, typer.Option(help="commit: datasets at a time in the core mode.")] = 32,
+    s3_emulator: Annotated[
+        bool, typer.Option("--s3-emulator", help="commit: on a throwaway moto S3 server instead.")
+    ] = False,
     config: ConfigOpt = None,
 ) -> None:
     """Benchmarks: intake (worker events/s against raw XREADGROUP+XACK) or commit (fleet and commit
@@ -288,7 +292,16 @@ def bench(
         )
         s = msgspec.structs.replace(s, store=store)
     w = Workload(datasets=datasets, files=files, size=size)
-    _run(run_commit_bench(s, w, modes=chosen, workers=workers, inflight=inflight, console=out))
+    if not s3_emulator:
+        _run(run_commit_bench(s, w, modes=chosen, workers=workers, inflight=inflight, console=out))
+        return
+    from ._bench_s3 import s3_emulator as emulated
+
+    with (
+        tempfile.TemporaryDirectory(prefix="commitfleet-bench-s3-") as work,
+        emulated(s, Path(work)) as on_s3,
+    ):
+        _run(run_commit_bench(on_s3, w, modes=chosen, workers=workers, inflight=inflight, console=out))
 
 
 @app.command()
