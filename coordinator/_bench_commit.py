@@ -71,6 +71,10 @@ class ModeResult:
     requests_per_dataset: float | None = None
     rounds_per_dataset: float | None = None
     cpu_seconds: float | None = None
+    latency_p50_s: float | None = None
+    """Fleet only: p50 from ``job_finished`` to ``committed`` of one 4-file dataset alone."""
+    commit_p50_s: float | None = None
+    """Fleet only: p50 of those commits' own duration (``committed.duration``)."""
 
     @property
     def rate(self) -> float:

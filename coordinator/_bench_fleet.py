@@ -7,6 +7,7 @@ import contextlib
 import os
 import secrets
 import shutil
+import statistics
 import subprocess
 import tempfile
 import time
@@ -125,7 +126,15 @@ async def run_fleet(settings: Settings, w: Workload, workers: int, work: Path, l
             seconds = time.perf_counter() - t0
             cpu = sum(_cpu_seconds(p.pid) for p in procs[1:]) - cpu0
             await verify(raw, w, "fleet")
-            return ModeResult(mode="fleet", seconds=seconds, datasets=w.datasets, cpu_seconds=cpu)
+            alone = [await _one_alone(r, raw, pub, settings, w.size, i) for i in range(LATENCY_SAMPLES)]
+            return ModeResult(
+                mode="fleet",
+                seconds=seconds,
+                datasets=w.datasets,
+                cpu_seconds=cpu,
+                latency_p50_s=statistics.median(g for g, _d in alone),
+                commit_p50_s=statistics.median(d for _g, d in alone),
+            )
     except BaseException:
         for p in procs:
             with contextlib.suppress(OSError):
@@ -139,6 +148,45 @@ async def run_fleet(settings: Settings, w: Workload, workers: int, work: Path, l
             except subprocess.TimeoutExpired:
                 p.kill()
             p.close()
+
+
+LATENCY_SAMPLES = 11
+"""Single 4-file datasets committed one after another by the fleet, for the p50 of one commit's latency."""
+
+
+async def _one_alone(
+    r: Any, raw: ObjectStore, pub: AsyncPublisher, settings: Settings, size: int, i: int
+) -> tuple[float, float]:
+    """Return the seconds from ``job_finished`` of one 4-file dataset to its ``committed`` event,
+    and the commit's own duration (lock held, as the event says)."""
+    w = Workload(datasets=1, files=4, size=size)
+    mode = f"alone{i}"
+    job, (ds,) = w.job(mode), w.names(mode)
+    winners = await stage(raw, w, mode)
+    keys = Keys(settings.fleet.name)
+    tail = await r.xrevrange(keys.admin, count=1)  # read only what comes after this
+    last = b"(" + tail[0][0] if tail else b"-"
+    now = time.time()
+    await pub.publish(JobStarted(job=job, datasets=[ds], timeout_s=3600, started_at=now))
+    await pub.publish_many(
+        TaskFinished(job=job, dataset=ds, task=a.task, attempt=0, files=a.files, finished_at=now)
+        for a in winners[ds]
+    )
+    t0 = time.perf_counter()
+    await pub.publish(
+        JobFinished(job=job, datasets={ds: DatasetExpectation(tasks=4, winners=[0] * 4)}, finished_at=now)
+    )
+    deadline = t0 + 60
+    while True:
+        for entry_id, ev in await read_admin_range(r, keys, start=last):
+            last = b"(" + entry_id
+            if isinstance(ev, Committed) and ev.job == job:
+                gap = time.perf_counter() - t0
+                await verify(raw, w, mode)
+                return gap, ev.duration_s
+        if time.perf_counter() > deadline:
+            raise TimeoutError(f"dataset {ds} not committed within 60 s")
+        await asyncio.sleep(0.002)
 
 
 async def probe_one_commit(
@@ -211,6 +259,18 @@ async def run_commit_bench(
             limit = max(120.0, w.datasets * w.files * 0.05)
             results.append(await run_fleet(fleet_settings(settings, url), w, workers, work, limit))
         _print(results, console)
+        fleet = next((x for x in results if x.mode == "fleet"), None)
+        if fleet is not None and fleet.latency_p50_s is not None:
+            line = (
+                f"fleet, one 4-file dataset alone ({LATENCY_SAMPLES} in turn): p50 job_finished -> committed "
+                f"{fleet.latency_p50_s * 1000:.0f} ms (the commit itself: "
+                f"{(fleet.commit_p50_s or 0) * 1000:.0f} ms)"
+            )
+            if lat:
+                floor = probe.rounds * lat / 1000
+                ratio = fleet.latency_p50_s / floor
+                line += f" = {ratio:.2f} x its {probe.rounds} sequential rounds x {lat:g} ms"
+            console.print(line)
         return results
     finally:
         if server is not None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import tempfile
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -268,6 +269,9 @@ def bench(
         str, typer.Option(help="cluster: worker processes per run, on one node and on the cluster.")
     ] = "2,4,8",
     rounds: Annotated[int, typer.Option(help="cluster: rounds per run (the table shows the median).")] = 3,
+    s3_emulator: Annotated[
+        bool, typer.Option("--s3-emulator", help="commit: on a throwaway moto S3 server instead.")
+    ] = False,
     config: ConfigOpt = None,
 ) -> None:
     """Benchmarks: intake (worker events/s against raw XREADGROUP+XACK), commit (fleet and commit
@@ -302,7 +306,16 @@ def bench(
             raise typer.BadParameter("--worker-counts takes counts >= 1, e.g. 2,4,8; --rounds >= 1")
         _run(run_cluster_bench(s, w, worker_counts=counts, console=out, rounds=rounds))
         return
-    _run(run_commit_bench(s, w, modes=chosen, workers=workers, inflight=inflight, console=out))
+    if not s3_emulator:
+        _run(run_commit_bench(s, w, modes=chosen, workers=workers, inflight=inflight, console=out))
+        return
+    from ._bench_s3 import s3_emulator as emulated
+
+    with (
+        tempfile.TemporaryDirectory(prefix="commitfleet-bench-s3-") as work,
+        emulated(s, Path(work)) as on_s3,
+    ):
+        _run(run_commit_bench(on_s3, w, modes=chosen, workers=workers, inflight=inflight, console=out))
 
 
 @app.command()

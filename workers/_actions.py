@@ -111,7 +111,13 @@ class ActionsMixin:
 
     async def _locked(self, dataset: str, body: Callable[[HeldLease], Awaitable[None]]) -> None:
         ctx = self.ctx
-        lock = StorageLock(ctx.store, lock_name(dataset), owner=ctx.worker_id, settings=ctx.settings.lock)
+        lock = StorageLock(
+            ctx.store,
+            lock_name(dataset),
+            owner=ctx.worker_id,
+            settings=ctx.settings.lock,
+            notifier=ctx.notifier,
+        )
         async with lock.hold() as lease:
             if lease.took_over_from is not None:
                 ctx.counters.add("lock_takeovers")

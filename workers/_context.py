@@ -12,6 +12,7 @@ import redis.asyncio
 from shared import Settings
 from shared.events import AdminEvent, ValidationLimits
 from shared.fleet import FleetRegistry
+from shared.locks import SharedReleaseNotifier
 from shared.queue import AdminPublisher, Keys, redis_errors
 from shared.queue._admin_stream import Outcome
 from shared.storage import ObjectStore
@@ -48,6 +49,8 @@ class WorkerContext:
     limits: ValidationLimits
     inflight: asyncio.Semaphore
     counters: Counters = field(default_factory=Counters)
+    # Release notices from other processes (run by the worker); None: lock waiters poll only.
+    notifier: SharedReleaseNotifier | None = None
 
     async def emit(self, ev: AdminEvent) -> None:
         """Publish an admin event (retried inside the publisher; informational)."""

@@ -7,6 +7,7 @@ Mixed into :class:`workers._shard.ShardRunner`; the runner owns the state and th
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 
@@ -36,6 +37,10 @@ log = logging.getLogger("workers.shard")
 # hand. The guarded part of intake does no I/O, so none should arise there; if
 # a later change lets one through, it must still end the session, not an entry.
 _NOT_ABOUT_THE_ENTRY = (LockLost, TransientError, ConfigError)
+
+# A SHA-256 per event was a measurable part of intake; a fleet sees few
+# dataset names again and again. Bounded like the validation memo.
+_route = functools.lru_cache(maxsize=4096)(shard_of)
 
 
 def _describe(exc: BaseException) -> str:
@@ -72,6 +77,11 @@ class IntakeMixin:
         """
         shards = self.ctx.settings.fleet.shards
         names = event_datasets(ev)
+        for d in names:
+            if _route(d, shards) != self.shard:
+                break
+        else:
+            return ev
         foreign = {d: shard_of(d, shards) for d in names if shard_of(d, shards) != self.shard}
         if foreign:
             where = ", ".join(f"{d!r} -> shard {s}" for d, s in sorted(foreign.items())[:5])

@@ -283,11 +283,11 @@ def decide(state: ShardJobs, ev: QueueEvent, *, now: float, default_timeout: flo
 def _task_finished(
     state: ShardJobs, ev: TaskFinished, *, now: float, default_timeout: float, ended: Ended | None
 ) -> Decision:
-    cleanup = CleanupAttempt(job=ev.job, dataset=ev.dataset, task=ev.task, attempt=ev.attempt)
     if ended is not None:
-        return Decision(actions=(cleanup,), note=f"job {ev.job} already ended ({ended.status})")
+        return Decision(actions=(_cleanup(ev),), note=f"job {ev.job} already ended ({ended.status})")
     meta = state.jobs.get(ev.job) or _open_job(ev.job, [ev.dataset], now, default_timeout)
-    meta = _with_datasets(meta, [ev.dataset])
+    if ev.dataset not in meta.datasets:
+        meta = _with_datasets(meta, [ev.dataset])
     ds = meta.datasets[ev.dataset]
     seen = state.attempts.get((ev.job, ev.dataset), {}).get(ev.task, {})
     if ev.attempt in seen:
@@ -295,7 +295,7 @@ def _task_finished(
     if ds.status not in ("open", "waiting"):
         # The dataset's fate is sealed and every winner is already recorded
         # (a commit needs them all), so a new attempt is a loser: its files go.
-        return Decision(actions=(cleanup,), note=f"late attempt for a {ds.status} dataset")
+        return Decision(actions=(_cleanup(ev),), note=f"late attempt for a {ds.status} dataset")
     rec = Attempt(
         task=ev.task, attempt=ev.attempt, files=ev.files, watermarks=ev.watermarks, seq=state.seq + 1
     )
@@ -308,6 +308,10 @@ def _task_finished(
             meta = msgspec.structs.replace(meta, datasets={**meta.datasets, ev.dataset: ds})
             actions = (Commit(job=ev.job, dataset=ev.dataset),)
     return Decision(job=meta, attempt=(ev.dataset, rec), actions=actions)
+
+
+def _cleanup(ev: TaskFinished) -> CleanupAttempt:
+    return CleanupAttempt(job=ev.job, dataset=ev.dataset, task=ev.task, attempt=ev.attempt)
 
 
 def _complete(exp: DatasetExpectation, tasks: dict[int, dict[int, Attempt]]) -> bool:

@@ -58,7 +58,7 @@ from shared.fleet import (
     wait_until_up,
     worker_info,
 )
-from shared.locks import run_shielded
+from shared.locks import SharedReleaseNotifier, run_shielded
 from shared.queue import AdminPublisher, Keys, connect, join_fleet
 from shared.storage import open_store
 
@@ -170,6 +170,7 @@ class Worker:
                     ),
                     limits=ValidationLimits.from_settings(s.security),
                     inflight=asyncio.Semaphore(s.worker.max_inflight_datasets),
+                    notifier=SharedReleaseNotifier(redis_client, keys.fleet_key("locks")),
                 )
                 started = time.time()
                 joined = await wait_until_up(
@@ -207,6 +208,8 @@ class Worker:
             async with process:
                 process.start(self._heartbeat(ctx.registry, started), "heartbeat")
                 process.start(trim_heap_forever(self.settings.worker.malloc_trim_interval), "heap trim")
+                if ctx.notifier is not None:
+                    process.start(ctx.notifier.run(), "lock release notices")
                 follower = process.start(self._follow(ctx, process), "assignment follower")
                 await self._stop.wait()
                 # Its reconcile steps are safe to interrupt: a shard it had not started yet

@@ -120,9 +120,10 @@ def _decode(decoder: msgspec.json.Decoder[_T], types: Mapping[str, type], data: 
 
 
 def _field(fields: Mapping[Any, Any], name: str) -> Any:
-    value = fields.get(name)
+    # bytes first: redis-py hands bytes names unless told to decode.
+    value = fields.get(name.encode())
     if value is None:
-        value = fields.get(name.encode())
+        value = fields.get(name)
     return value
 
 

@@ -156,13 +156,49 @@ def _basename_and_size(path: str) -> tuple[int, int]:
     return len(check_rel_path(path)[-1].encode()), len(path.encode())
 
 
+# Every path of a message at once, joined by "\n": one C-level match instead of
+# a Python loop of matches. It accepts only the plain paths Spark writes (ASCII
+# letters, digits and "_.=-", no segment starting with "." and no first segment
+# starting with "_"), a strict subset of REL_PATH_PATTERN, and needs no
+# lookahead. Anything else is checked path by path (which names what is wrong);
+# tests/unit/test_validation_fast_path.py checks the subset.
+_PLAIN_ONE: Final = r"[A-Za-z0-9=-][A-Za-z0-9_.=-]*(?:/[A-Za-z0-9_=-][A-Za-z0-9_.=-]*)*"
+_PLAIN_PATHS: Final = re.compile(rf"{_PLAIN_ONE}(?:\n{_PLAIN_ONE})*\Z")
+
+
+def _all_plain(paths: list[str], name_prefix: int, room: int) -> bool:
+    """Return True when every path is safe, unique, ASCII and short enough (one pass in C)."""
+    if not paths:
+        return True
+    joined = "\n".join(paths)
+    # A "\n" inside a path would pass for a separator: count them.
+    if joined.count("\n") != len(paths) - 1 or _PLAIN_PATHS.match(joined) is None:
+        return False
+    # ASCII only: characters are bytes. A basename is never longer than its path.
+    longest = max(map(len, paths))
+    if longest > room or longest > MAX_SEGMENT_BYTES or name_prefix + longest > MAX_SEGMENT_BYTES:
+        return False
+    return len(set(paths)) == len(paths)
+
+
 def _check_task_finished(ev: TaskFinished, limits: ValidationLimits) -> None:
     limits.check_dataset(ev.dataset)
     # Longest keys this message leads to: the staged key and the published key.
-    staged_base = len(f"{STAGING}/{ev.job}/{ev.dataset}/{ev.task}-{ev.attempt}/".encode())
-    name_prefix = len(ev.job) + len(f"{ev.task:05d}") + 2  # job ids are ASCII
-    published_base = len(ev.dataset.encode()) + 1 + name_prefix
+    # Job ids are ASCII (checked before); a dataset name may not be.
+    dataset_bytes = len(ev.dataset) if ev.dataset.isascii() else len(ev.dataset.encode())
+    task_digits = len(str(ev.task))
+    staged_base = (
+        len(STAGING) + len(ev.job) + dataset_bytes + task_digits + len(str(ev.attempt)) + 5
+    )  # "/" x4 and "-"
+    name_prefix = len(ev.job) + max(task_digits, 5) + 2  # "<job>~<task:05d>-"
+    published_base = dataset_bytes + 1 + name_prefix
     room = MAX_KEY_BYTES - max(staged_base, published_base)
+    if not _all_plain([f.path for f in ev.files], name_prefix, room):
+        _check_paths(ev, name_prefix, room)
+
+
+def _check_paths(ev: TaskFinished, name_prefix: int, room: int) -> None:
+    """Check each path of ``ev``; raise ``unsafe_path`` or ``inconsistent`` naming the first bad one."""
     seen: set[str] = set()
     for f in ev.files:
         path = f.path

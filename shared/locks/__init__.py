@@ -9,7 +9,7 @@ displays. See docs/locks.md for the protocol.
 
 from ._lease import Lease
 from ._lock import HeldLease, StorageLock, default_owner, read_lock, run_shielded
-from ._notify import RedisReleaseNotifier, ReleaseNotifier
+from ._notify import RedisReleaseNotifier, ReleaseNotifier, SharedReleaseNotifier
 from ._state import LockRecord, held_until, is_held, lock_key
 
 __all__ = [
@@ -18,6 +18,7 @@ __all__ = [
     "LockRecord",
     "RedisReleaseNotifier",
     "ReleaseNotifier",
+    "SharedReleaseNotifier",
     "StorageLock",
     "default_owner",
     "held_until",

@@ -216,7 +216,10 @@ class ShardConsumer:
         self._resync = False
 
     def _seen(self, entries: list[Entry]) -> list[Entry]:
-        self._high = max_id(self._high, (e.id for e in entries))
+        # Every caller hands entries in id order (a stream read returns them so,
+        # claim_from sorts): the last one is the highest.
+        if entries:
+            self._high = max_id(self._high, (entries[-1].id,))
         return entries
 
     async def ensure_group(self) -> None:

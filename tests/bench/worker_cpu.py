@@ -1,0 +1,143 @@
+"""Worker CPU per committed dataset (a script, not a test): a scale run on local files.
+
+Stages ``--datasets`` N datasets x ``--tasks`` tasks (one file each) on a
+temporary local store, then starts a coordinator and ``--workers`` worker
+processes on a private redis-server, publishes every job, waits until all are
+committed, and prints the workers' CPU time (user + system, from /proc) per
+committed dataset, counted from the first publish to the last commit::
+
+    .venv/bin/python -m tests.bench.worker_cpu --datasets 2000
+    .venv/bin/python -m tests.bench.worker_cpu --datasets 2000 --py-spy /tmp/w.txt
+
+With ``--py-spy FILE`` the first worker is sampled by py-spy (raw collapsed
+stacks into FILE; py-spy must be installed and allowed to attach). Target
+(issue 11): <= 7 ms of worker CPU per 10-task dataset.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import redis.asyncio
+
+from coordinator._procs import FleetProcess, ThrowawayRedis, write_config
+from shared.events import QueueEvent
+from shared.queue import AsyncPublisher, Keys, ensure_fleet
+from shared.storage import open_store
+from tests.fleet._helpers import fleet_settings, good_job
+
+
+def cpu_seconds(pid: int) -> float:
+    """Return the user + system CPU time of ``pid`` in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def committed(r: redis.asyncio.Redis, keys: Keys) -> int:
+    return int(await r.hget(keys.outcome_counts, "committed") or 0)
+
+
+async def run(args: argparse.Namespace) -> float:
+    work = Path(tempfile.mkdtemp(prefix="commitfleet-cpu-"))
+    server = ThrowawayRedis(work)
+    fleet = "cpu-" + secrets.token_hex(3)
+    settings = fleet_settings(
+        server.url,
+        work / "store",
+        fleet,
+        shards=args.shards,
+        log={"level": "WARNING", "format": "json"},
+        coordinator={"tick": 0.5, "http_port": 0},
+        worker={"lease": 15.0, "heartbeat": 3.0, "read_block_ms": 500, "drain_grace": 30.0},
+        lock={"validity": 30.0, "renew_interval": 10.0, "max_drift": 0.5, "poll_min": 0.05, "poll_max": 2.0},
+    )
+    (work / "store").mkdir()
+    config = write_config(settings, work / "cpu.toml")
+    keys = Keys(fleet)
+    r = redis.asyncio.Redis.from_url(server.url)
+    procs: list[FleetProcess] = []
+    spy: subprocess.Popen[bytes] | None = None
+    try:
+        await ensure_fleet(r, fleet, args.shards)
+        jobs: list[list[QueueEvent]] = []
+        async with open_store(settings.store.url, settings.store) as store:
+            for start in range(0, args.datasets, args.per_job):
+                names = [f"ds{i}" for i in range(start, min(start + args.per_job, args.datasets))]
+                jobs.append(
+                    await good_job(store, f"job{start}", names, tasks=args.tasks, duplicate_attempt=False)
+                )
+        procs.append(FleetProcess("coordinator", "cpu-coordinator", config, work))
+        procs += [FleetProcess("worker", f"cpu-worker-{i}", config, work) for i in range(args.workers)]
+        workers = procs[1:]
+        while len(await r.keys(f"*{fleet}*state:owner")) < args.shards:  # every shard assigned
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(2)  # settled: every worker has started its shards
+        if args.py_spy:
+            spy = subprocess.Popen(
+                [
+                    "py-spy",
+                    "record",
+                    "-r",
+                    "200",
+                    "-f",
+                    "raw",
+                    "-o",
+                    args.py_spy,
+                    "--pid",
+                    str(workers[0].pid),
+                ],
+                stdout=subprocess.DEVNULL,
+            )
+            await asyncio.sleep(1)
+        before = [cpu_seconds(p.pid) for p in workers]
+        t0 = time.monotonic()
+        pub = AsyncPublisher(r, fleet, args.shards)
+        for evs in jobs:
+            await pub.publish_many(evs)
+        while await committed(r, keys) < args.datasets:
+            await asyncio.sleep(0.1)
+        elapsed = time.monotonic() - t0
+        used = sum(cpu_seconds(p.pid) for p in workers) - sum(before)
+    finally:
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
+            spy.wait(timeout=60)
+        await r.aclose()
+        for p in procs:
+            try:
+                p.terminate(timeout=40)
+            except subprocess.TimeoutExpired:
+                p.kill()
+            p.close()
+        server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    per = used / args.datasets * 1000
+    print(
+        f"{args.datasets} datasets x {args.tasks} tasks, {args.workers} workers: {elapsed:.1f} s, "
+        f"{args.datasets / elapsed:.0f} datasets/s, worker CPU {used:.1f} s = {per:.2f} ms per dataset"
+    )
+    return per
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--datasets", type=int, default=2000)
+    p.add_argument("--tasks", type=int, default=10)
+    p.add_argument("--per-job", type=int, default=100)
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--shards", type=int, default=16)
+    p.add_argument("--py-spy", default="", help="sample the first worker with py-spy into this file")
+    asyncio.run(run(p.parse_args()))
+
+
+if __name__ == "__main__":
+    main()

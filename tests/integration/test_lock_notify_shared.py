@@ -1,0 +1,146 @@
+"""Release notices on one shared pub/sub connection per process (what workers use): a waiter in another
+process is woken by the release, the connection survives being cut, and the handoff is measured."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import statistics
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+import redis.asyncio
+
+from shared._aio import cancel_until_done
+from shared._settings import LockSettings
+from shared.locks import SharedReleaseNotifier, StorageLock
+from shared.storage import ObjectStore
+from shared.storage._latency import LatencyModel, LatencyStore
+from shared.storage._local import LocalStore
+from tests._support.wait import wait_for
+from tests.integration.test_lock_handoff import SLOW_POLL
+from tests.integration.test_lock_notify import _OtherProcess
+
+
+@asynccontextmanager
+async def _running(redis_url: str) -> AsyncIterator[tuple[SharedReleaseNotifier, redis.asyncio.Redis]]:
+    client = redis.asyncio.Redis.from_url(redis_url)
+    notifier = SharedReleaseNotifier(client, f"test-{secrets.token_hex(3)}", retry_s=0.05)
+    task = asyncio.create_task(notifier.run())
+    try:
+        yield notifier, client
+    finally:
+        await cancel_until_done(task)
+        await client.aclose()
+
+
+async def _subscribers(client: redis.asyncio.Redis, channel: str) -> int:
+    return int((await client.pubsub_numsub(channel))[0][1])
+
+
+async def _handoff(
+    holder_store: ObjectStore,
+    waiter_store: ObjectStore,
+    name: str,
+    notifier: SharedReleaseNotifier,
+    client: redis.asyncio.Redis,
+    settings: LockSettings,
+) -> float:
+    """Return the seconds from the holder's release to the waiter (elsewhere) holding the lock."""
+    holder = await StorageLock(holder_store, name, owner="a", settings=settings, notifier=notifier).acquire()
+    waiter = asyncio.create_task(
+        StorageLock(waiter_store, name, owner="b", settings=settings, notifier=notifier).acquire()
+    )
+    channel = notifier.channel(name)
+    await wait_for(lambda: _subscribers(client, channel), timeout=10, what="the waiter's subscription")
+    await holder.release()
+    released = time.monotonic()
+    async with asyncio.timeout(20):
+        lease = await waiter
+    gap = time.monotonic() - released
+    assert (lease.owner, lease.epoch) == ("b", 2)
+    await lease.release()
+    return gap
+
+
+async def test_a_waiter_elsewhere_is_woken_through_the_shared_connection(
+    tmp_path: Path, redis_url: str
+) -> None:
+    inner = LocalStore(tmp_path / "s", durable=False)
+    async with _running(redis_url) as (notifier, client):
+        # Its next poll is 30 s away: only the notice explains a prompt handoff.
+        await _handoff(inner, _OtherProcess(inner), "ds", notifier, client, SLOW_POLL)
+        # The last watcher out unsubscribed.
+        await wait_for(
+            lambda: _no_subscriber(client, notifier.channel("ds")), timeout=10, what="unsubscribed"
+        )
+
+
+async def _no_subscriber(client: redis.asyncio.Redis, channel: str) -> bool:
+    return await _subscribers(client, channel) == 0
+
+
+async def test_a_cut_connection_is_reopened_with_the_watched_channels(tmp_path: Path, redis_url: str) -> None:
+    inner = LocalStore(tmp_path / "s", durable=False)
+    async with _running(redis_url) as (notifier, client):
+        holder = await StorageLock(inner, "ds", owner="a", settings=SLOW_POLL, notifier=notifier).acquire()
+        waiter = asyncio.create_task(
+            StorageLock(
+                _OtherProcess(inner), "ds", owner="b", settings=SLOW_POLL, notifier=notifier
+            ).acquire()
+        )
+        channel = notifier.channel("ds")
+        await wait_for(lambda: _subscribers(client, channel), timeout=10, what="the waiter's subscription")
+        await client.client_kill_filter(_type="pubsub")
+        # Reconnected (after retry_s) and subscribed again to what is watched.
+        await wait_for(lambda: _no_subscriber(client, channel), timeout=10, what="the cut")
+        await wait_for(lambda: _subscribers(client, channel), timeout=10, what="the new subscription")
+        await holder.release()
+        async with asyncio.timeout(10):
+            lease = await waiter
+        assert lease.owner == "b"
+        await lease.release()
+
+
+async def test_without_the_reader_running_a_free_lock_is_taken_as_always(
+    tmp_path: Path, redis_url: str
+) -> None:
+    client = redis.asyncio.Redis.from_url(redis_url)
+    try:
+        notifier = SharedReleaseNotifier(client, "not-running")
+        async with StorageLock(
+            LocalStore(tmp_path / "s"), "ds", owner="a", settings=SLOW_POLL, notifier=notifier
+        ).hold() as lease:
+            assert lease.epoch == 1
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.bench
+async def test_cross_process_handoff_time_in_round_trips(tmp_path: Path, redis_url: str) -> None:
+    median = 0.02
+    store = LatencyStore(LocalStore(tmp_path / "s", durable=False), LatencyModel(median, median * 5, seed=1))
+    settings = LockSettings()  # the default poll bounds: 0.05 s .. 2 s
+    gaps = []
+    async with _running(redis_url) as (notifier, _client):
+        for i in range(8):
+            holder = await StorageLock(
+                store, f"h{i}", owner="a", settings=settings, notifier=notifier
+            ).acquire()
+            elsewhere = _OtherProcess(store)
+            waiter = asyncio.create_task(
+                StorageLock(elsewhere, f"h{i}", owner="b", settings=settings, notifier=notifier).acquire()
+            )
+            await asyncio.sleep(1.5)  # the waiter is deep in its backoff (up to poll_max)
+            await holder.release()
+            released = time.monotonic()
+            lease = await waiter
+            gaps.append((time.monotonic() - released) / median)
+            await lease.release()
+    print(
+        f"\nlock handoff across processes (release notice): p50 {statistics.median(gaps):.1f} round trips,"
+        f" max {max(gaps):.1f}"
+    )

@@ -1,0 +1,84 @@
+"""The shard state save: one atomic script that writes and acknowledges only for the owner."""
+
+from __future__ import annotations
+
+import pytest
+import redis.asyncio
+
+from shared import Fenced
+from shared.events import StagedFile
+from shared.queue import DEFAULT_GROUP, DatasetResult, Keys, ShardConsumer
+from workers._jobstate import Attempt, Ended, ShardJobs, attempt_field
+from workers._jobstate import JobMeta as Meta
+from workers._state_store import Batch, ShardStateStore
+
+SHARD = 3
+
+
+async def _pending_entries(r: redis.asyncio.Redis, keys: Keys, n: int) -> list[bytes]:
+    consumer = ShardConsumer(r, keys, SHARD, consumer="w1")
+    await consumer.ensure_group()
+    for i in range(n):
+        await r.xadd(keys.events(SHARD), {"data": f"e{i}"})
+    return [e.id for e in await consumer.read(n, 10)]
+
+
+def _state_and_batch(ids: list[bytes], attempts: int) -> tuple[ShardJobs, Batch]:
+    state = ShardJobs()
+    state.jobs["j1"] = Meta(job="j1", opened_at=1.0, deadline=2.0, datasets={})
+    state.jobs["j2"] = Meta(job="j2", opened_at=1.0, deadline=2.0, datasets={})
+    state.ended["j0"] = Ended(status="committed", at=3.0)
+    batch = Batch(jobs={"j1", "j2", "gone"}, ended={"j0"}, ack=list(ids))
+    for t in range(attempts):
+        rec = Attempt(task=t, attempt=0, files=[StagedFile(path=f"p-{t}", size=t)], seq=t + 1)
+        batch.attempts[("j1", "ds", t, 0)] = rec
+    batch.results[("j0", "ds")] = DatasetResult(status="committed", files=1)
+    batch.results[("j0", "other")] = DatasetResult(status="aborted", reason="failed")
+    return state, batch
+
+
+async def test_the_owner_writes_everything_and_acknowledges_in_one_save(
+    redis_client: redis.asyncio.Redis, fleet_name: str
+) -> None:
+    keys = Keys(fleet_name)
+    await redis_client.set(keys.shard_state(SHARD, "owner"), b"w1@1")
+    await redis_client.hset(keys.shard_state(SHARD, "jobs"), "j0", b"{}")  # ended: dropped from open jobs
+    await redis_client.hset(keys.shard_state(SHARD, "attempts"), "old/ds/0/0", b"{}")
+    ids = await _pending_entries(redis_client, keys, 7)
+    # More attempts than one Lua unpack() call takes: the script writes them in chunks.
+    state, batch = _state_and_batch(ids, attempts=1500)
+    batch.drop_attempts.append("old/ds/0/0")
+    store = ShardStateStore(redis_client, keys, SHARD, b"w1@1")
+
+    await store.save(batch, state)
+
+    assert (await redis_client.xpending(keys.events(SHARD), DEFAULT_GROUP))["pending"] == 0
+    loaded = await store.load()
+    assert loaded.jobs == state.jobs
+    assert loaded.ended == state.ended
+    got = {(a.task, a.attempt): a for per in loaded.attempts[("j1", "ds")].values() for a in per.values()}
+    assert got == {(k[2], k[3]): v for k, v in batch.attempts.items()}
+    assert await redis_client.hexists(keys.shard_state(SHARD, "attempts"), attempt_field("j1", "ds", 7, 0))
+    assert not await redis_client.hexists(keys.shard_state(SHARD, "attempts"), "old/ds/0/0")
+    result_key = keys.job_result(SHARD, "j0")
+    assert set(await redis_client.hkeys(result_key)) == {b"ds", b"other"}
+    assert await redis_client.ttl(result_key) > 0
+
+
+@pytest.mark.parametrize("owner", [b"w2@2", None], ids=["new-owner", "no-owner"])
+async def test_a_stale_owner_writes_nothing_and_acknowledges_nothing(
+    redis_client: redis.asyncio.Redis, fleet_name: str, owner: bytes | None
+) -> None:
+    keys = Keys(fleet_name)
+    if owner is not None:
+        await redis_client.set(keys.shard_state(SHARD, "owner"), owner)
+    ids = await _pending_entries(redis_client, keys, 5)
+    state, batch = _state_and_batch(ids, attempts=3)
+    store = ShardStateStore(redis_client, keys, SHARD, b"w1@1")
+    before = sorted(k for k in await redis_client.keys(f"*{fleet_name}*"))
+
+    with pytest.raises(Fenced, match="w2@2" if owner else "b''"):
+        await store.save(batch, state)
+
+    assert (await redis_client.xpending(keys.events(SHARD), DEFAULT_GROUP))["pending"] == 5
+    assert sorted(await redis_client.keys(f"*{fleet_name}*")) == before
