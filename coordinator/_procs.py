@@ -34,7 +34,11 @@ def write_config(settings: Settings, path: Path) -> Path:
     """Write ``settings`` as a TOML file the CLI reads with ``--config``."""
     import msgspec
 
-    doc = msgspec.to_builtins(settings)
+    from shared._secret import secret_enc_hook
+
+    # The file is the child processes' only source of their credentials: written
+    # in full (the folder is private to the run), never printed.
+    doc = msgspec.to_builtins(settings, enc_hook=secret_enc_hook)
     lines: list[str] = []
 
     def section(prefix: str, table: dict[str, Any]) -> None:
@@ -48,7 +52,10 @@ def write_config(settings: Settings, path: Path) -> Path:
 
     for name, table in doc.items():
         section(name, table)
-    path.write_text("\n".join(lines) + "\n")
+    # Owner-only from the start: the file holds the credentials.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
     return path
 
 

@@ -159,7 +159,7 @@ class Worker:
                     keys=keys,
                     registry=FleetRegistry(redis_client, keys),
                     admin=AdminPublisher(redis_client, keys, maxlen=s.admin.stream_maxlen),
-                    limits=ValidationLimits.from_settings(s.security),
+                    limits=ValidationLimits.from_settings(s.security, fleet=s.fleet.name),
                     inflight=asyncio.Semaphore(s.worker.max_inflight_datasets),
                 )
                 started = time.time()

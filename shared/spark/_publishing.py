@@ -54,7 +54,9 @@ def publisher_for(config: ProducerConfig) -> SyncPublisher:
         config.fleet,
         config.shards,
         config.hmac_secret,
+        password=config.redis_password,
         socket_timeout=config.redis_socket_timeout,
+        sign_version=config.sign_version,
     )
 
 
