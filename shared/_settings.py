@@ -321,6 +321,27 @@ def _env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
     return out
 
 
+def _lift_password(layer: Mapping[str, Any], source: str) -> Mapping[str, Any]:
+    """Return ``layer`` with a password in its ``redis.url`` moved to its ``redis.password``.
+
+    Done per layer, before the layers are merged, so precedence holds for the
+    password too (``REDIS_URL`` with a password beats a config file's
+    ``redis.password``).
+
+    Raises:
+        ConfigError: the layer gives both (never echoing either).
+    """
+    redis = layer.get("redis")
+    if not isinstance(redis, Mapping) or not isinstance(redis.get("url"), str):
+        return layer
+    clean, password = split_redis_url(redis["url"])
+    if password is None:
+        return layer
+    if redis.get("password"):
+        raise ConfigError(f"{source} gives redis.url with a password and redis.password too: give one")
+    return {**layer, "redis": {**redis, "url": clean, "password": password}}
+
+
 def _merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
     merged = dict(base)
     for key, value in top.items():
@@ -356,9 +377,10 @@ def load_settings(
             raise ConfigError(f"config file not found: {path}") from None
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
-    raw = _merge(raw, _env_overrides(env))
+    raw = dict(_lift_password(raw, f"config file {path}"))
+    raw = _merge(raw, _lift_password(_env_overrides(env), "the environment"))
     if overrides:
-        raw = _merge(raw, overrides)
+        raw = _merge(raw, _lift_password(overrides, "the command line"))
     try:
         return msgspec.convert(raw, Settings, strict=False, dec_hook=secret_dec_hook)
     except msgspec.ValidationError as exc:

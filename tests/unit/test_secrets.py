@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+from pathlib import Path
 from urllib.parse import quote
 
 import msgspec
@@ -131,3 +132,16 @@ def test_the_producer_config_and_its_pickled_copy_show_no_credential() -> None:
     with pytest.raises(ConfigError) as both:
         ProducerConfig(redis_url=f"redis://:{PLANTED}@h/0", store_url="file:///x", redis_password=Secret("y"))
     assert PLANTED not in str(both.value)
+
+
+def test_a_password_follows_the_precedence_of_the_url_that_carried_it(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[redis]\nurl = "redis://h/0"\npassword = "from-the-file"\n')
+    assert load_settings(cfg, env={}).redis.password.reveal() == "from-the-file"
+    over = load_settings(cfg, env={"REDIS_URL": "redis://:from-env@h2/0"})
+    assert (over.redis.url, over.redis.password.reveal()) == ("redis://h2/0", "from-env")
+    # Only the file gives both: the one-line error names the source, not the values.
+    cfg.write_text('[redis]\nurl = "redis://:in-url@h/0"\npassword = "from-the-file"\n')
+    with pytest.raises(ConfigError) as both:
+        load_settings(cfg, env={})
+    assert "in-url" not in str(both.value) and "from-the-file" not in str(both.value)
