@@ -25,6 +25,7 @@ from rich.console import Console
 
 from shared import Settings, load_settings
 from shared._aio import TaskGroup
+from shared._secret import masked_url
 from shared.events import JobStarted, StagedFile, TaskFinished
 from shared.queue import AsyncPublisher, Keys, ShardConsumer, connect, ensure_fleet, raw_consume_rate
 from workers import Worker
@@ -133,7 +134,7 @@ async def run_bench(settings: Settings, n: int, *, console: Console, rounds: int
             server = ThrowawayRedis(work)
             url = server.url
         console.print(
-            f"intake benchmark: {n} TaskFinished events, one worker, one shard, redis {url}, "
+            f"intake benchmark: {n} TaskFinished events, one worker, one shard, redis {masked_url(url)}, "
             f"{rounds} alternating rounds"
         )
         ratios = []

@@ -6,11 +6,12 @@ Every command reads its settings once (``--config FILE`` or
 count comes from the fleet's record in Redis; ``fleet.shards``, when set, must
 agree with it.
 
-Exit codes: 0 done (or stopped by SIGTERM/SIGINT); 1 the command failed (an
+Exit codes: 0 done (or a worker or coordinator stopped by SIGTERM/SIGINT); 1 the command failed (an
 audit violation, an operator request that did not apply); 2 a bad setting
 (one line on stderr); 3 a service could not be reached (operator commands; a
 worker or coordinator waits for Redis instead); 70 a worker or coordinator
-crashed on an unexpected error (the traceback is in its log).
+crashed on an unexpected error (the traceback is in its log); 130 / 143 ``demo`` or ``bench`` stopped
+by SIGINT / SIGTERM (after stopping every process it started).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import asyncio
 import json
 import sys
 import tempfile
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -245,8 +246,28 @@ def demo(
     """Run the end-to-end demo: a fleet, a real PySpark job, a failed job, the audit."""
     from ._demo import run_demo
 
-    code = run_demo(root=root, keep=keep, console=out)
+    code = _stopping_children("demo", lambda: run_demo(root=root, keep=keep, console=out))
     raise typer.Exit(code)
+
+
+def _stopping_children(what: str, body: Callable[[], T]) -> T:
+    """Run ``body``; every process it starts is stopped on the way out, SIGTERM and Ctrl-C included.
+
+    Raises:
+        typer.Exit: 128 + the signal's number when SIGTERM or SIGINT stopped it.
+    """
+    from ._procs import Interrupted, children_stopped
+
+    try:
+        with children_stopped():
+            return body()
+    except Interrupted as exc:
+        err.print(
+            f"commitfleet: {what} stopped by {exc}; every process it started is stopped",
+            markup=False,
+            highlight=False,
+        )
+        raise typer.Exit(exc.exit_code) from None
 
 
 @app.command()
@@ -282,7 +303,7 @@ def bench(
     if what == "intake":
         from ._bench import run_bench
 
-        _run(run_bench(s, events_n, console=out))
+        _stopping_children("bench", lambda: _run(run_bench(s, events_n, console=out)))
         return
     if what not in ("commit", "cluster"):
         raise typer.BadParameter(f"unknown benchmark {what!r} (intake, commit or cluster)")
@@ -304,10 +325,13 @@ def bench(
         counts = [int(c) for c in worker_counts.split(",") if c.strip().isdigit()]
         if not counts or min(counts) < 1 or rounds < 1:
             raise typer.BadParameter("--worker-counts takes counts >= 1, e.g. 2,4,8; --rounds >= 1")
-        _run(run_cluster_bench(s, w, worker_counts=counts, console=out, rounds=rounds))
+        _stopping_children(
+            "bench", lambda: _run(run_cluster_bench(s, w, worker_counts=counts, console=out, rounds=rounds))
+        )
         return
     if not s3_emulator:
-        _run(run_commit_bench(s, w, modes=chosen, workers=workers, inflight=inflight, console=out))
+        bench_run = run_commit_bench(s, w, modes=chosen, workers=workers, inflight=inflight, console=out)
+        _stopping_children("bench", lambda: _run(bench_run))
         return
     from ._bench_s3 import s3_emulator as emulated
 
@@ -315,7 +339,8 @@ def bench(
         tempfile.TemporaryDirectory(prefix="commitfleet-bench-s3-") as work,
         emulated(s, Path(work)) as on_s3,
     ):
-        _run(run_commit_bench(on_s3, w, modes=chosen, workers=workers, inflight=inflight, console=out))
+        on_s3_run = run_commit_bench(on_s3, w, modes=chosen, workers=workers, inflight=inflight, console=out)
+        _stopping_children("bench", lambda: _run(on_s3_run))
 
 
 @app.command()

@@ -22,6 +22,7 @@ from shared.events import (
     check_dataset_segment,
     check_job,
     encode_admin,
+    operator_request_value,
 )
 from shared.locks import run_shielded
 from shared.queue import (
@@ -139,11 +140,18 @@ async def print_events(
         await _stoppable(follow_new())
 
 
+def _request_value(s: Settings, op: str, dataset: str, job: str) -> str:
+    """Return the stored form of a request: signed (docs/contract.md section 5) when the fleet signs v2."""
+    secret = s.security.hmac_secret.reveal_bytes() if s.security.sign_version == 2 else None
+    return operator_request_value(op, secret, fleet=s.fleet.name, dataset=dataset, job=job)
+
+
 async def operator_request(s: Settings, dataset: str, job: str, op: str, *, wait_s: float) -> str:
     """Ask the dataset's owner to ``retry`` or ``skip`` a quarantined sequence; wait for it.
 
-    The request is a field in the owning shard's ``operator`` hash; the shard's
-    runner acts on it under the dataset's lock and publishes ``operator_action``.
+    The request is a field in the owning shard's ``operator`` hash (its value
+    signed when the fleet has a secret); the shard's runner verifies it, acts
+    on it under the dataset's lock and publishes ``operator_action``.
 
     Returns:
         A one-line description of the outcome.
@@ -171,7 +179,9 @@ async def operator_request(s: Settings, dataset: str, job: str, op: str, *, wait
             newest: Any = await r.xrevrange(keys.admin, count=1)
         start: bytes = newest[0][0] if newest else b"0-0"
         with redis_errors("HSET operator request"):
-            await r.hset(keys.shard_state(shard, "operator"), f"{dataset}/{job}", op)
+            await r.hset(
+                keys.shard_state(shard, "operator"), f"{dataset}/{job}", _request_value(s, op, dataset, job)
+            )
 
         async def acted() -> str:
             again: str | None = None

@@ -32,6 +32,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
 from shared import Settings, load_settings
+from shared._secret import masked_url
 from shared.commit import audit, read_manifest, read_watermarks
 from shared.events import AdminEvent
 from shared.queue import Keys, connect, read_admin_range
@@ -244,16 +245,17 @@ async def _orders_task1(settings: Settings, job: str) -> tuple[int, int | None]:
     from shared.queue import shard_of
 
     keys = Keys(settings.fleet.name)
-    limits = ValidationLimits.from_settings(settings.security)
+    limits = ValidationLimits.from_settings(settings.security, fleet=settings.fleet.name)
+    stream = keys.events(shard_of("orders", settings.fleet.shards))
     r = connect(settings.redis)
     try:
-        rows: Any = await r.xrange(keys.events(shard_of("orders", settings.fleet.shards)))
+        rows: Any = await r.xrange(stream)
     finally:
         await r.aclose()
     attempts: set[int] = set()
     winner: int | None = None
-    for _id, fields in rows:
-        ev = decode_entry(fields, limits=limits)
+    for entry_id, fields in rows:
+        ev = decode_entry(fields, limits=limits, stream=stream, entry_id=entry_id)
         if isinstance(ev, TaskFinished) and ev.job == job and ev.dataset == "orders" and ev.task == 1:
             attempts.add(ev.attempt)
         elif isinstance(ev, JobFinished) and ev.job == job and "orders" in ev.datasets:
@@ -278,7 +280,10 @@ def run_demo(*, root: Path | None, keep: bool, console: Console) -> int:
             redis_url = server.url
         settings = _settings(redis_url, store_root)
         console.rule("[bold]commitfleet demo")
-        console.print(f"redis {redis_url}  store {settings.store.url}  fleet {settings.fleet.name}")
+        # REDIS_URL may carry a password: print it masked.
+        console.print(
+            f"redis {masked_url(redis_url)}  store {settings.store.url}  fleet {settings.fleet.name}"
+        )
         config = write_config(settings, work / "fleet.toml")
         procs: list[FleetProcess] = []
 

@@ -15,6 +15,7 @@ from ._errors import (
     TransientError,
 )
 from ._retry import RetryPolicy, retry
+from ._secret import Secret
 from ._settings import Settings, load_settings
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "OutcomeUnknown",
     "PreconditionFailed",
     "RetryPolicy",
+    "Secret",
     "Settings",
     "Throttled",
     "TransientError",

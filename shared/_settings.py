@@ -4,8 +4,14 @@ frozen :class:`Settings` object that is then passed down explicitly.
 Precedence (lowest to highest): built-in defaults, the TOML file
 (``--config`` or ``COMMITFLEET_CONFIG``), environment variables
 ``COMMITFLEET_<SECTION>_<KEY>`` (for example ``COMMITFLEET_LOCK_VALIDITY=20``),
-and the conventional shortcuts ``REDIS_URL`` and ``COMMITFLEET_STORE`` (the
-store root URL).
+and the conventional shortcuts ``REDIS_URL``, ``REDIS_PASSWORD`` and
+``COMMITFLEET_STORE`` (the store root URL).
+
+Credentials (``redis.password``, ``security.hmac_secret``,
+``store.azure_connection_string``) are :class:`~shared._secret.Secret` values:
+masked wherever settings are shown. A password written in ``redis.url`` is
+moved into ``redis.password`` when the settings are built, so ``redis.url``
+can always be printed.
 
 A bad setting raises :class:`~shared._errors.ConfigError` whose message is one
 line naming the setting and what is wrong with it.
@@ -23,6 +29,7 @@ import msgspec
 
 from ._errors import ConfigError
 from ._redis_url import is_cluster_url, parse_cluster_url
+from ._secret import Secret, coerce_secret, secret_dec_hook, split_redis_url
 
 ENV_PREFIX = "COMMITFLEET_"
 
@@ -50,9 +57,16 @@ class FleetSettings(_Section, frozen=True):
 
 
 class RedisSettings(_Section, frozen=True):
-    """Redis connection (redis://, rediss:// with TLS, ACL user and password in the URL)."""
+    """Redis connection (redis://, rediss:// with TLS, an ACL user name in the URL).
+
+    The password goes in ``password`` (any characters, no escaping) or in the
+    URL (``redis://user:password@host``, percent-encoded as URLs require); a
+    URL's password is moved into ``password`` at construction, so ``url``
+    never holds one. Giving both is an error.
+    """
 
     url: str = "redis://127.0.0.1:6379/0"
+    password: Secret = Secret()
     socket_timeout: float = 10.0
 
     # -- Redis Cluster and durability (docs/queue.md "Redis Cluster") --------------
@@ -63,6 +77,14 @@ class RedisSettings(_Section, frozen=True):
     wait_timeout: float = 1.0
 
     def __post_init__(self) -> None:
+        # A struct built in code may hold a plain str; a struct built by load_settings, a Secret.
+        msgspec.structs.force_setattr(self, "password", coerce_secret(self.password))
+        clean, in_url = split_redis_url(self.url)
+        if in_url is not None:
+            if self.password:
+                raise ValueError("redis.url holds a password and redis.password is set too: give one")
+            msgspec.structs.force_setattr(self, "password", Secret(in_url))
+        msgspec.structs.force_setattr(self, "url", clean)
         if is_cluster_url(self.url):
             parse_cluster_url(self.url)  # raises ValueError with a one-line reason
         elif not self.url.startswith(("redis://", "rediss://", "unix://")):
@@ -87,7 +109,7 @@ class StoreSettings(_Section, frozen=True):
     s3_region: str = "us-east-1"
     s3_max_pool_connections: int = 64
     gcs_endpoint: str = ""
-    azure_connection_string: str = ""
+    azure_connection_string: Secret = Secret()
     azure_account_url: str = ""
     request_timeout: float = 30.0
     # Attempts the S3 and Azure SDKs make per request before an error reaches the caller
@@ -102,6 +124,8 @@ class StoreSettings(_Section, frozen=True):
     model_latency_p99_ms: float = 0.0
 
     def __post_init__(self) -> None:
+        conn = coerce_secret(self.azure_connection_string)
+        msgspec.structs.force_setattr(self, "azure_connection_string", conn)
         if not 0.0 <= self.chaos_fault_rate < 1.0:
             raise ValueError("store.chaos_fault_rate must be in [0, 1)")
         if self.model_latency_ms < 0 or (
@@ -207,13 +231,30 @@ class CoordinatorSettings(_Section, frozen=True):
 
 
 class SecuritySettings(_Section, frozen=True):
-    """Message signing and size limits."""
+    """Message signing and size limits (signing: docs/contract.md section 5).
 
-    hmac_secret: str = ""
+    ``hmac_secret`` empty: signing off. ``sign_version`` is what this process
+    signs with (2: fleet, stream, timestamp and data; 1: data only, for a
+    fleet whose workers are older). ``accept_v1`` keeps v1 signatures readable
+    during the transition: turn it off once every producer signs v2.
+    ``signature_max_age`` is the window, in seconds, between a v2 message's
+    signing time and its arrival in the stream (also the clock skew allowed);
+    older (or that far in the future) is rejected as ``stale``.
+    """
+
+    hmac_secret: Secret = Secret()
+    sign_version: Literal[1, 2] = 2
+    accept_v1: bool = True
+    signature_max_age: float = 300.0
     max_message_bytes: int = 1_048_576
     # Dataset names are one path segment: they start with a letter or digit, so
     # they can never collide with the store's own `_staging`, `_wal`, ... areas.
     dataset_pattern: str = r"^[A-Za-z0-9][A-Za-z0-9_.=-]{0,127}$"
+
+    def __post_init__(self) -> None:
+        msgspec.structs.force_setattr(self, "hmac_secret", coerce_secret(self.hmac_secret))
+        if self.signature_max_age <= 0:
+            raise ValueError("security.signature_max_age must be > 0")
 
 
 class AdminSettings(_Section, frozen=True):
@@ -278,7 +319,11 @@ class Settings(_Section, frozen=True):
         return msgspec.structs.replace(self, fleet=msgspec.structs.replace(self.fleet, shards=shards))
 
 
-_SHORTCUTS = {"REDIS_URL": ("redis", "url"), "COMMITFLEET_STORE": ("store", "url")}
+_SHORTCUTS = {
+    "REDIS_URL": ("redis", "url"),
+    "REDIS_PASSWORD": ("redis", "password"),
+    "COMMITFLEET_STORE": ("store", "url"),
+}
 
 
 def _env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
@@ -299,6 +344,27 @@ def _env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
         else:
             out.setdefault(section, {})[key] = value
     return out
+
+
+def _lift_password(layer: Mapping[str, Any], source: str) -> Mapping[str, Any]:
+    """Return ``layer`` with a password in its ``redis.url`` moved to its ``redis.password``.
+
+    Done per layer, before the layers are merged, so precedence holds for the
+    password too (``REDIS_URL`` with a password beats a config file's
+    ``redis.password``).
+
+    Raises:
+        ConfigError: the layer gives both (never echoing either).
+    """
+    redis = layer.get("redis")
+    if not isinstance(redis, Mapping) or not isinstance(redis.get("url"), str):
+        return layer
+    clean, password = split_redis_url(redis["url"])
+    if password is None:
+        return layer
+    if redis.get("password"):
+        raise ConfigError(f"{source} gives redis.url with a password and redis.password too: give one")
+    return {**layer, "redis": {**redis, "url": clean, "password": password}}
 
 
 def _merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
@@ -336,11 +402,12 @@ def load_settings(
             raise ConfigError(f"config file not found: {path}") from None
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
-    raw = _merge(raw, _env_overrides(env))
+    raw = dict(_lift_password(raw, f"config file {path}"))
+    raw = _merge(raw, _lift_password(_env_overrides(env), "the environment"))
     if overrides:
-        raw = _merge(raw, overrides)
+        raw = _merge(raw, _lift_password(overrides, "the command line"))
     try:
-        return msgspec.convert(raw, Settings, strict=False)
+        return msgspec.convert(raw, Settings, strict=False, dec_hook=secret_dec_hook)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"bad setting: {exc}") from None
 
@@ -355,6 +422,7 @@ __all__ = [
     "QueueSettings",
     "RedisSettings",
     "RetrySettings",
+    "Secret",
     "SecuritySettings",
     "Settings",
     "StoreSettings",

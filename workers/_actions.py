@@ -35,12 +35,14 @@ from shared.commit import (
 )
 from shared.events import (
     CommitStarted,
+    InvalidMessage,
     LockTakenOver,
     OperatorAction,
     Quarantined,
     RecoveryDone,
     lock_name,
     manifest_key,
+    verify_operator_request,
 )
 from shared.locks import HeldLease, StorageLock
 from shared.queue import DatasetResult, redis_errors
@@ -316,6 +318,29 @@ class ActionsMixin:
     async def _operate(self, work: Operate) -> None:
         ctx = self.ctx
         key = ctx.keys.shard_state(self.shard, "operator")
+        try:
+            op = verify_operator_request(work.op, ctx.limits.signing, dataset=work.dataset, job=work.job)
+        except InvalidMessage as exc:
+            # A forged, replayed or unsigned request: refuse it (once) and drop it.
+            log.warning(
+                "operator request refused",
+                extra=kv(dataset=work.dataset, job=work.job, reason=exc.reason, detail=exc.detail),
+            )
+            await ctx.emit(
+                OperatorAction(
+                    at=time.time(),
+                    worker=ctx.worker_id,
+                    dataset=work.dataset,
+                    job=work.job,
+                    action="skip" if work.op.startswith("skip") else "retry",
+                    outcome="refused",
+                    detail=f"{exc.reason}: {exc.detail}",
+                )
+            )
+            with redis_errors("HDEL operator request"):
+                await ctx.redis.hdel(key, f"{work.dataset}/{work.job}")
+            return
+        work = msgspec.structs.replace(work, op=op)
 
         async def body(lease: HeldLease) -> None:
             action: Literal["retry", "skip"]

@@ -109,7 +109,11 @@ class IntakeMixin:
                 return InvalidMessage(
                     "deleted", "the entry was trimmed or deleted while pending: no content left"
                 )
-            ev = self._mine(decode_entry(entry.fields, limits=self.ctx.limits))
+            ev = self._mine(
+                decode_entry(
+                    entry.fields, limits=self.ctx.limits, stream=self._consumer.stream, entry_id=entry.id
+                )
+            )
             d = decide(self.state, ev, now=now, default_timeout=self.ctx.settings.worker.job_timeout)
         except InvalidMessage as exc:
             return exc

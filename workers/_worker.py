@@ -168,7 +168,7 @@ class Worker:
                         wait_replicas=s.redis.wait_replicas,
                         wait_timeout=s.redis.wait_timeout,
                     ),
-                    limits=ValidationLimits.from_settings(s.security),
+                    limits=ValidationLimits.from_settings(s.security, fleet=s.fleet.name),
                     inflight=asyncio.Semaphore(s.worker.max_inflight_datasets),
                     notifier=SharedReleaseNotifier(redis_client, keys.fleet_key("locks")),
                 )

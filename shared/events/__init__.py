@@ -63,7 +63,17 @@ from ._queue_events import (
     restrict_to,
 )
 from ._schema import admin_event_schema, queue_event_schema
-from ._signing import sign, verify
+from ._signing import (
+    SignatureCheck,
+    operator_request_value,
+    sign,
+    sign_operator_request,
+    sign_v2,
+    signing_input_v2,
+    verify,
+    verify_entry,
+    verify_operator_request,
+)
 from ._validation import ValidationLimits, check_task_index, validate_event
 
 __all__ = [
@@ -95,6 +105,7 @@ __all__ = [
     "SIG_FIELD",
     "ShardSetAside",
     "ShardsAssigned",
+    "SignatureCheck",
     "StagedFile",
     "StagedKey",
     "TaskFinished",
@@ -121,11 +132,17 @@ __all__ = [
     "published_key",
     "queue_event_schema",
     "restrict_to",
+    "operator_request_value",
     "sign",
+    "sign_operator_request",
+    "sign_v2",
+    "signing_input_v2",
     "staged_key",
     "staging_prefix",
     "validate_event",
     "verify",
+    "verify_entry",
+    "verify_operator_request",
     "wal_key",
     "wal_prefix",
     "watermarks_key",

@@ -1,8 +1,9 @@
 """Encoding and decoding of queue and admin events (JSON, msgspec).
 
 A queue message travels as one Redis stream entry with the field ``data``
-(the event's JSON) and, when signing is on, ``sig`` (hex HMAC-SHA256 of the
-``data`` bytes, see :mod:`._signing`). Decoding is one msgspec pass into the
+(the event's JSON) and, when signing is on, ``sig`` (v2: ``t=<ms>,v2=<hex>``
+over fleet, stream, time and data; v1: hex HMAC-SHA256 of the ``data`` bytes;
+see :mod:`._signing`). Decoding is one msgspec pass into the
 typed union; only a message that fails it is parsed a second time, to name
 the precise reason.
 """
@@ -17,13 +18,13 @@ import msgspec
 from ._admin_events import ADMIN_EVENT_TYPES, AdminEvent
 from ._invalid import InvalidMessage, shown
 from ._queue_events import QUEUE_EVENT_TYPES, SCHEMA_VERSION, QueueEvent
-from ._signing import sign, verify
+from ._signing import sign, sign_v2, verify_entry
 from ._validation import ValidationLimits, validate_event
 
 DATA_FIELD: Final = "data"
 """Stream entry field holding the event's JSON bytes."""
 SIG_FIELD: Final = "sig"
-"""Stream entry field holding the hex HMAC-SHA256 of the ``data`` bytes (when signing is on)."""
+"""Stream entry field holding the signature (when signing is on)."""
 
 _T = TypeVar("_T")
 
@@ -41,12 +42,25 @@ def encode_event(ev: QueueEvent) -> bytes:
     return _ENCODER.encode(ev)
 
 
-def entry_fields(ev: QueueEvent, *, secret: bytes | None = None) -> dict[str, bytes]:
-    """Return the stream entry fields of ``ev``: ``{"data": json}``, plus ``"sig"`` with a ``secret``."""
+def entry_fields(
+    ev: QueueEvent,
+    *,
+    secret: bytes | None = None,
+    fleet: str | None = None,
+    stream: str | None = None,
+    ts_ms: int | None = None,
+) -> dict[str, bytes]:
+    """Return the stream entry fields of ``ev``: ``{"data": json}``, plus ``"sig"`` with a ``secret``.
+
+    The signature is v2 (bound to ``fleet``, ``stream`` and ``ts_ms``, now by
+    default) when ``fleet`` and ``stream`` are given, else v1 (data only).
+    """
     data = _ENCODER.encode(ev)
     if secret is None:
         return {DATA_FIELD: data}
-    return {DATA_FIELD: data, SIG_FIELD: sign(data, secret)}
+    if fleet is None or stream is None:
+        return {DATA_FIELD: data, SIG_FIELD: sign(data, secret)}
+    return {DATA_FIELD: data, SIG_FIELD: sign_v2(data, secret, fleet=fleet, stream=stream, ts_ms=ts_ms)}
 
 
 class _Envelope(msgspec.Struct):
@@ -79,24 +93,32 @@ def _classify(
 
 
 def decode_event(
-    data: bytes | memoryview, *, sig: bytes | str | None, limits: ValidationLimits
+    data: bytes | memoryview,
+    *,
+    sig: bytes | str | None,
+    limits: ValidationLimits,
+    stream: str = "",
+    received_ms: int | None = None,
 ) -> QueueEvent:
     """Return the queue event in ``data`` after checking size, signature, shape and contract rules.
 
     Order of checks: size (before anything is parsed), signature (when
-    ``limits.secret`` is set), JSON and shape, then :func:`validate_event`.
+    ``limits.secret`` is set; a v2 signature must name ``stream`` and be made
+    within ``limits.signature_max_age`` of ``received_ms``, the entry's
+    arrival, now when None), JSON and shape, then :func:`validate_event`.
 
     Raises:
         InvalidMessage: with ``reason`` ``oversized``, ``unsigned``,
-            ``bad_signature``, ``bad_json``, ``unknown_type``,
+            ``bad_signature``, ``stale``, ``bad_json``, ``unknown_type``,
             ``unsupported_version``, ``schema``, ``bad_job``, ``bad_dataset``,
             ``unsafe_path`` or ``inconsistent``.
     """
     size = len(data) if isinstance(data, bytes) else memoryview(data).nbytes
     if size > limits.max_message_bytes:
         raise InvalidMessage("oversized", f"message is {size} bytes, the limit is {limits.max_message_bytes}")
-    if limits.secret is not None:
-        verify(data if isinstance(data, bytes) else bytes(data), sig, limits.secret)
+    if limits.signing is not None:
+        raw = data if isinstance(data, bytes) else bytes(data)
+        verify_entry(raw, sig, limits.signing, stream=stream, received_ms=received_ms)
     return validate_event(_decode(_QUEUE_DECODER, QUEUE_EVENT_TYPES, data), limits)
 
 
@@ -128,9 +150,17 @@ def _field(fields: Mapping[Any, Any], name: str) -> Any:
 
 
 def decode_entry(
-    fields: Mapping[bytes, bytes] | Mapping[str, bytes], *, limits: ValidationLimits
+    fields: Mapping[bytes, bytes] | Mapping[str, bytes],
+    *,
+    limits: ValidationLimits,
+    stream: str = "",
+    entry_id: bytes | str | None = None,
 ) -> QueueEvent:
     """Return the queue event of one stream entry (its ``data`` and ``sig`` fields; others are ignored).
+
+    ``stream`` is the key the entry was read from and ``entry_id`` its id
+    (whose time is the entry's arrival): both are checked against a v2
+    signature (without an id, the arrival is taken as now).
 
     Field names and values may be ``bytes`` (redis-py default) or ``str``.
     Total: whatever the fields hold, this returns an event or raises
@@ -155,7 +185,17 @@ def decode_entry(
     sig = _field(fields, SIG_FIELD)
     if sig is not None and not isinstance(sig, bytes | str):
         sig = repr(sig)  # never a valid signature: rejected as bad_signature when signing is on
-    return decode_event(data, sig=sig, limits=limits)
+    return decode_event(data, sig=sig, limits=limits, stream=stream, received_ms=_id_ms(entry_id))
+
+
+def _id_ms(entry_id: bytes | str | None) -> int | None:
+    """Return the millisecond time of a stream entry id (``<ms>-<seq>``), None when absent or odd."""
+    if entry_id is None:
+        return None
+    head = (entry_id.decode("ascii", "replace") if isinstance(entry_id, bytes) else entry_id).partition("-")[
+        0
+    ]
+    return int(head) if head.isdigit() and len(head) <= 16 else None
 
 
 def encode_admin(ev: AdminEvent) -> bytes:

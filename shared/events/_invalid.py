@@ -10,6 +10,7 @@ RejectReason = Literal[
     "oversized",
     "unsigned",
     "bad_signature",
+    "stale",
     "bad_json",
     "unknown_type",
     "unsupported_version",
@@ -24,6 +25,8 @@ RejectReason = Literal[
 ]
 """Why a message was rejected. Dead-letter entries and admin events carry this code.
 
+``stale``: a valid v2 signature made too long before (or after) the entry
+reached the stream (``security.signature_max_age``): a replayed capture.
 ``deleted``: the entry was trimmed or XDEL'ed while pending (no content left).
 ``internal``: handling the entry raised an error the code did not expect (a
 bug); the entry is set aside with the exception type so the shard goes on.

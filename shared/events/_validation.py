@@ -32,6 +32,7 @@ from ._queue_events import (
     QueueEvent,
     TaskFinished,
 )
+from ._signing import SignatureCheck
 
 # Names already validated (skips the regex for the next message of the same
 # dataset). Sized for the open work, not the history: a tracemalloc diff across
@@ -45,12 +46,18 @@ class ValidationLimits:
     """What a consumer accepts: message size, dataset names, and the signing secret.
 
     ``secret`` None means signing is off (a ``sig`` field, if present, is
-    ignored); otherwise every message must carry a valid signature.
+    ignored); otherwise every message must carry a valid signature: v2 for
+    ``fleet`` (``signature_max_age`` seconds of window), or v1 while
+    ``accept_v1`` (see :mod:`._signing`).
     """
 
     max_message_bytes: int = 1_048_576
     dataset_pattern: str = DEFAULT_DATASET_PATTERN
     secret: bytes | None = field(default=None, repr=False)
+    fleet: str = ""
+    signature_max_age: float = 300.0
+    accept_v1: bool = True
+    signing: SignatureCheck | None = field(init=False, repr=False, compare=False, default=None)
     _dataset_re: re.Pattern[str] = field(init=False, repr=False, compare=False)
     # Names already accepted: a fleet sees few datasets and jobs, and two
     # regexes per message are a good part of the validation cost. Bounded.
@@ -66,10 +73,13 @@ class ValidationLimits:
         except re.error as exc:
             raise ConfigError(f"security.dataset_pattern is not a valid regex: {exc}") from None
         object.__setattr__(self, "_dataset_re", compiled)
+        if self.secret is not None:
+            check = SignatureCheck(self.secret, self.fleet, self.signature_max_age, self.accept_v1)
+            object.__setattr__(self, "signing", check)
 
     @classmethod
-    def from_settings(cls, security: SecuritySettings) -> Self:
-        """Return the limits configured in ``security`` (an empty secret turns signing off).
+    def from_settings(cls, security: SecuritySettings, *, fleet: str = "") -> Self:
+        """Return the limits configured in ``security`` for ``fleet`` (an empty secret turns signing off).
 
         Raises:
             ConfigError: invalid pattern or size.
@@ -77,7 +87,10 @@ class ValidationLimits:
         return cls(
             max_message_bytes=security.max_message_bytes,
             dataset_pattern=security.dataset_pattern,
-            secret=security.hmac_secret.encode() or None,
+            secret=security.hmac_secret.reveal_bytes(),
+            fleet=fleet,
+            signature_max_age=security.signature_max_age,
+            accept_v1=security.accept_v1,
         )
 
     def check_dataset(self, name: str, where: str = "$.dataset") -> str:

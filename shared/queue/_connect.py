@@ -1,9 +1,11 @@
 """Connecting to Redis by URL, and translating redis-py errors into ours.
 
-``redis://[user:password@]host:port/db``, ``rediss://...`` (TLS; query options
+``redis://[user[:password]@]host:port/db``, ``rediss://...`` (TLS; query options
 such as ``ssl_ca_certs=/path`` or ``ssl_cert_reqs=none`` are passed to
 redis-py) and ``unix:///path.sock?db=0`` are accepted. Clients return bytes
-(``decode_responses=False``).
+(``decode_responses=False``). The password comes from ``RedisSettings.password``
+(the settings moved any password out of the URL), so neither the URL nor any
+error message built from it holds one.
 
 ``redis+cluster://host:port[,host:port...]`` (``rediss+cluster://`` with TLS)
 gives a redis-py ``RedisCluster`` client (see :mod:`._cluster`). It is typed
@@ -50,6 +52,7 @@ def connect(settings: RedisSettings, *, client_name: str | None = None) -> redis
     try:
         return redis.asyncio.Redis.from_url(
             settings.url,
+            password=settings.password.reveal() or None,
             retry=redis.asyncio.retry.Retry(redis.backoff.NoBackoff(), 0),
             decode_responses=False,
             socket_timeout=settings.socket_timeout,
@@ -80,6 +83,7 @@ def connect_sync(settings: RedisSettings, *, client_name: str | None = None) -> 
     try:
         return redis.Redis.from_url(
             settings.url,
+            password=settings.password.reveal() or None,
             retry=redis.retry.Retry(redis.backoff.NoBackoff(), 0),
             decode_responses=False,
             socket_timeout=settings.socket_timeout,

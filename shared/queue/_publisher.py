@@ -31,6 +31,7 @@ import redis.asyncio
 
 from .._errors import ConfigError
 from .._retry import RetryPolicy, retry
+from .._secret import Secret
 from .._settings import RedisSettings
 from ..events import QueueEvent, entry_fields
 from ._cluster import check_waits, is_cluster, queue_wait
@@ -47,23 +48,43 @@ Fields = Mapping[str, bytes] | Mapping[bytes, bytes]
 OnRetry = Callable[[int, BaseException], None]
 
 
-def _secret_bytes(secret: bytes | str | None) -> bytes | None:
+SecretArg = bytes | str | Secret | None
+
+
+def _secret_bytes(secret: SecretArg) -> bytes | None:
+    if isinstance(secret, Secret):
+        return secret.reveal_bytes()
     if secret is None or secret in ("", b""):
         return None
     return secret.encode("utf-8") if isinstance(secret, str) else secret
 
 
 def plan_entries(
-    evs: Iterable[QueueEvent], shards: int, *, secret: bytes | None = None
+    evs: Iterable[QueueEvent],
+    shards: int,
+    *,
+    secret: bytes | None = None,
+    keys: Keys | None = None,
+    ts_ms: int | None = None,
 ) -> list[tuple[int, dict[str, bytes]]]:
     """Return ``(shard, entry fields)`` for every stream entry the events become, in order.
 
-    Pure: the routing and encoding shared by the async and sync publishers.
+    Pure (but for the clock when ``ts_ms`` is None): the routing and encoding
+    shared by the async and sync publishers. With a ``secret``, entries are
+    signed v2 for ``keys``' fleet and shard streams at ``ts_ms`` (now by
+    default), or v1 when ``keys`` is None.
     """
     out: list[tuple[int, dict[str, bytes]]] = []
+    if secret is not None and keys is not None and ts_ms is None:
+        ts_ms = time.time_ns() // 1_000_000  # one clock read per batch
     for ev in evs:
         for shard, part in split_by_shard(ev, shards).items():
-            out.append((shard, entry_fields(part, secret=secret)))
+            if secret is None or keys is None:
+                out.append((shard, entry_fields(part, secret=secret)))
+            else:
+                stream = keys.events(shard)
+                signed = entry_fields(part, secret=secret, fleet=keys.fleet, stream=stream, ts_ms=ts_ms)
+                out.append((shard, signed))
     return out
 
 
@@ -83,12 +104,13 @@ class _PublisherBase:
         self,
         fleet: str,
         shards: int,
-        secret: bytes | str | None,
+        secret: SecretArg,
         maxlen: int | None,
         policy: RetryPolicy | None,
         on_retry: OnRetry | None,
         wait_replicas: int = 0,
         wait_timeout: float = 1.0,
+        sign_version: int = 2,
     ) -> None:
         if wait_replicas < 0 or wait_timeout <= 0:
             raise ConfigError(f"bad WAIT settings: {wait_replicas} replicas, {wait_timeout} s")
@@ -97,6 +119,8 @@ class _PublisherBase:
         self.keys = Keys(fleet)
         self.shards = shards
         self.secret = _secret_bytes(secret)
+        # v2 signs for this fleet's streams; v1 (data only) is for a fleet whose workers are older.
+        self._sign_keys = self.keys if sign_version == 2 else None
         self.maxlen = maxlen
         self.policy = policy or RetryPolicy()
         self.on_retry = on_retry
@@ -113,7 +137,8 @@ class _PublisherBase:
 class AsyncPublisher(_PublisherBase):
     """Publishes queue events to a fleet's shard streams (asyncio).
 
-    ``secret`` turns on HMAC signing (``sig`` field); ``maxlen`` caps each
+    ``secret`` turns on HMAC signing (``sig`` field, v2 unless
+    ``sign_version=1``); ``maxlen`` caps each
     shard stream approximately (off by default: trimming can drop entries
     that were never consumed); ``policy`` bounds the retries of transient
     errors and ``on_retry(attempt, error)`` is called before each retry (for
@@ -127,15 +152,18 @@ class AsyncPublisher(_PublisherBase):
         fleet: str,
         shards: int,
         *,
-        secret: bytes | str | None = None,
+        secret: SecretArg = None,
         maxlen: int | None = None,
         policy: RetryPolicy | None = None,
         on_retry: OnRetry | None = None,
         wait_replicas: int = 0,
         wait_timeout: float = 1.0,
+        sign_version: int = 2,
     ) -> None:
         self.redis = redis_client
-        super().__init__(fleet, shards, secret, maxlen, policy, on_retry, wait_replicas, wait_timeout)
+        super().__init__(
+            fleet, shards, secret, maxlen, policy, on_retry, wait_replicas, wait_timeout, sign_version
+        )
 
     async def _check_fleet(self) -> None:
         if not self._checked:
@@ -159,7 +187,9 @@ class AsyncPublisher(_PublisherBase):
 
         Cancellation: some copies may have been written; publishing again is safe.
         """
-        return await self.publish_fields(plan_entries([ev], self.shards, secret=self.secret))
+        return await self.publish_fields(
+            plan_entries([ev], self.shards, secret=self.secret, keys=self._sign_keys)
+        )
 
     async def publish_many(self, evs: Iterable[QueueEvent], *, batch: int = DEFAULT_BATCH) -> list[bytes]:
         """Publish events in pipelines of ``batch`` entries, keeping their order per shard.
@@ -167,7 +197,9 @@ class AsyncPublisher(_PublisherBase):
         Returns the new stream ids in order. Raises and cancels as :meth:`publish`;
         batches before a failing one stay published.
         """
-        return await self.publish_fields(plan_entries(evs, self.shards, secret=self.secret), batch=batch)
+        return await self.publish_fields(
+            plan_entries(evs, self.shards, secret=self.secret, keys=self._sign_keys), batch=batch
+        )
 
     async def publish_fields(
         self, items: Sequence[tuple[int, Fields]], *, batch: int = DEFAULT_BATCH
@@ -236,15 +268,18 @@ class SyncPublisher(_PublisherBase):
         fleet: str,
         shards: int,
         *,
-        secret: bytes | str | None = None,
+        secret: SecretArg = None,
         maxlen: int | None = None,
         policy: RetryPolicy | None = None,
         on_retry: OnRetry | None = None,
         wait_replicas: int = 0,
         wait_timeout: float = 1.0,
+        sign_version: int = 2,
     ) -> None:
         self.redis = redis_client
-        super().__init__(fleet, shards, secret, maxlen, policy, on_retry, wait_replicas, wait_timeout)
+        super().__init__(
+            fleet, shards, secret, maxlen, policy, on_retry, wait_replicas, wait_timeout, sign_version
+        )
 
     @classmethod
     def cached(
@@ -252,12 +287,14 @@ class SyncPublisher(_PublisherBase):
         url: str,
         fleet: str,
         shards: int,
-        secret: bytes | str | None = None,
+        secret: SecretArg = None,
         *,
+        password: Secret | str = "",
         socket_timeout: float = 10.0,
         maxlen: int | None = None,
         wait_replicas: int = 0,
         wait_timeout: float = 1.0,
+        sign_version: int = 2,
     ) -> SyncPublisher:
         """Return this process's publisher for these arguments, creating it on first use.
 
@@ -267,12 +304,24 @@ class SyncPublisher(_PublisherBase):
         Raises:
             ConfigError: the URL is malformed.
         """
-        key = (os.getpid(), url, fleet, shards, _secret_bytes(secret), socket_timeout, maxlen, wait_replicas)
+        pw = Secret(password)
+        key = (
+            os.getpid(),
+            url,
+            pw,
+            fleet,
+            shards,
+            _secret_bytes(secret),
+            socket_timeout,
+            maxlen,
+            sign_version,
+            wait_replicas,
+        )
         with cls._cache_lock:
             found = cls._cache.get(key)
             if found is None:
                 try:
-                    settings = RedisSettings(url=url, socket_timeout=socket_timeout)
+                    settings = RedisSettings(url=url, password=pw, socket_timeout=socket_timeout)
                 except ValueError as exc:
                     raise ConfigError(f"bad redis url: {exc}") from None
                 client = connect_sync(settings, client_name=f"commitfleet-producer-{os.getpid()}")
@@ -284,6 +333,7 @@ class SyncPublisher(_PublisherBase):
                     maxlen=maxlen,
                     wait_replicas=wait_replicas,
                     wait_timeout=wait_timeout,
+                    sign_version=sign_version,
                 )
                 cls._cache[key] = found
             return found
@@ -316,11 +366,13 @@ class SyncPublisher(_PublisherBase):
             TransientError: Redis stayed unreachable for the whole retry policy.
             ConfigError: the fleet has another shard count, or bad credentials.
         """
-        return self.publish_fields(plan_entries([ev], self.shards, secret=self.secret))
+        return self.publish_fields(plan_entries([ev], self.shards, secret=self.secret, keys=self._sign_keys))
 
     def publish_many(self, evs: Iterable[QueueEvent], *, batch: int = DEFAULT_BATCH) -> list[bytes]:
         """Publish events in pipelined batches, order per shard kept; returns the new stream ids."""
-        return self.publish_fields(plan_entries(evs, self.shards, secret=self.secret), batch=batch)
+        return self.publish_fields(
+            plan_entries(evs, self.shards, secret=self.secret, keys=self._sign_keys), batch=batch
+        )
 
     def publish_fields(
         self, items: Sequence[tuple[int, Fields]], *, batch: int = DEFAULT_BATCH

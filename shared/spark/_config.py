@@ -5,6 +5,7 @@ from __future__ import annotations
 import msgspec
 
 from .._errors import ConfigError
+from .._secret import Secret, coerce_secret, split_redis_url
 from .._settings import RedisSettings, Settings, StoreSettings
 
 
@@ -12,15 +13,20 @@ class ProducerConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Connection and job settings of a producer (driver and executors).
 
     The value is pickled into every task, so it holds only plain settings.
+    Credentials are :class:`~shared.Secret` values (a plain ``str`` given for
+    one is wrapped): its repr, and any log or error that shows it, is masked.
 
     - ``redis_url``: the fleet's Redis (``redis://``, ``rediss://``, ``unix://``,
-      or a cluster: ``redis+cluster://host:port[,host:port...]``, ``rediss+cluster://``).
+      or a cluster: ``redis+cluster://host:port[,host:port...]``, ``rediss+cluster://``);
+      a password in it is moved into ``redis_password`` at construction.
+    - ``redis_password``: the Redis password (any characters, no escaping).
     - ``store_url``: the fleet's store root (``file:///``, ``s3://``, ``gs://``,
       ``az://``); ``store`` carries endpoint and timeout settings for it.
     - ``fleet`` / ``shards``: the fleet name and its shard count; with
       ``shards=None`` the count recorded in Redis is used (the fleet must
       exist), otherwise it is checked against (or recorded into) Redis.
-    - ``hmac_secret``: sign every message (empty: unsigned).
+    - ``hmac_secret``: sign every message (empty: unsigned); ``sign_version``
+      2 (fleet, stream, time and data) or 1 (data only, for older workers).
     - ``job_timeout``: seconds the driver may stay silent before the fleet
       aborts the job (the job context's heartbeat keeps a running job alive,
       however long it runs).
@@ -41,7 +47,9 @@ class ProducerConfig(msgspec.Struct, frozen=True, kw_only=True):
     fleet: str = "default"
     shards: int | None = None
     store: StoreSettings = msgspec.field(default_factory=StoreSettings)
-    hmac_secret: str = ""
+    redis_password: Secret = Secret()
+    hmac_secret: Secret = Secret()
+    sign_version: int = 2
     job_timeout: float = 300.0
     wait: bool = True
     wait_timeout: float = 900.0
@@ -53,6 +61,17 @@ class ProducerConfig(msgspec.Struct, frozen=True, kw_only=True):
     redis_wait_timeout: float = 1.0
 
     def __post_init__(self) -> None:
+        msgspec.structs.force_setattr(self, "hmac_secret", coerce_secret(self.hmac_secret))
+        password = coerce_secret(self.redis_password)
+        clean, in_url = split_redis_url(self.redis_url)
+        if in_url is not None:
+            if password:
+                raise ConfigError("redis_url holds a password and redis_password is set too: give one")
+            password = Secret(in_url)
+        msgspec.structs.force_setattr(self, "redis_url", clean)
+        msgspec.structs.force_setattr(self, "redis_password", password)
+        if self.sign_version not in (1, 2):
+            raise ConfigError(f"sign_version must be 1 or 2, got {self.sign_version}")
         if not self.store_url.startswith(("file://", "s3://", "gs://", "az://")):
             raise ConfigError(f"store_url must start with file://, s3://, gs:// or az://: {self.store_url!r}")
         try:
@@ -81,11 +100,13 @@ class ProducerConfig(msgspec.Struct, frozen=True, kw_only=True):
         """
         return cls(
             redis_url=settings.redis.url,
+            redis_password=settings.redis.password,
             store_url=settings.store.url,
             fleet=settings.fleet.name,
             shards=settings.fleet.shards or None,  # 0: the count recorded in Redis
             store=settings.store,
             hmac_secret=settings.security.hmac_secret,
+            sign_version=settings.security.sign_version,
             job_timeout=settings.worker.job_timeout if job_timeout is None else job_timeout,
             app=app,
             redis_socket_timeout=settings.redis.socket_timeout,
@@ -98,6 +119,7 @@ class ProducerConfig(msgspec.Struct, frozen=True, kw_only=True):
         """The Redis connection settings this config implies."""
         return RedisSettings(
             url=self.redis_url,
+            password=self.redis_password,
             socket_timeout=self.redis_socket_timeout,
             wait_replicas=self.redis_wait_replicas,
             wait_timeout=self.redis_wait_timeout,

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from .._errors import CommitfleetError, ConfigError
+from .._secret import masked_url, secret_enc_hook
 from ._config import ProducerConfig
 
 if TYPE_CHECKING:
@@ -115,7 +116,9 @@ def _check_redis(config: ProducerConfig) -> list[str]:
 
     from ..queue import connect_sync
 
-    where = f"redis {_without_password(config.redis_url)}"
+    # The URL holds no password (ProducerConfig moved it into redis_password).
+    shown = masked_url(config.redis_url) if config.redis_password else config.redis_url
+    where = f"redis {shown}"
     try:
         # The publisher's own client: a cluster URL gets a cluster client (which connects now).
         client = connect_sync(config.redis_settings)
@@ -128,13 +131,6 @@ def _check_redis(config: ProducerConfig) -> list[str]:
     finally:
         client.close()
     return []
-
-
-def _without_password(url: str) -> str:
-    scheme, sep, rest = url.partition("://")
-    if "@" in rest:
-        rest = "***@" + rest.split("@", 1)[1]
-    return scheme + sep + rest
 
 
 def _probe_task(job: str, config_doc: dict[str, Any]) -> Any:
@@ -152,10 +148,11 @@ def _probe_task(job: str, config_doc: dict[str, Any]) -> Any:
             preflight = importlib.import_module("shared.spark._preflight")
             config_mod = importlib.import_module("shared.spark._config")
             conv = importlib.import_module("msgspec").convert
+            hook = importlib.import_module("shared._secret").secret_dec_hook
         except ImportError as exc:
             yield [f"package: cannot import commitfleet's shared package on the executor: {exc}"]
             return
-        yield preflight.check_on_executor(job, conv(config_doc, config_mod.ProducerConfig))
+        yield preflight.check_on_executor(job, conv(config_doc, config_mod.ProducerConfig, dec_hook=hook))
 
     return run
 
@@ -176,7 +173,7 @@ def run_preflight(spark: SparkSession, job: str, config: ProducerConfig) -> None
     """
     if not config.preflight:
         return
-    probe = _probe_task(job, msgspec.to_builtins(config))
+    probe = _probe_task(job, msgspec.to_builtins(config, enc_hook=secret_enc_hook))
     results = spark.sparkContext.parallelize([0], 1).mapPartitions(probe).collect()
     problems = [line for result in results for line in result]
     if problems:

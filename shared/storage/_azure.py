@@ -104,7 +104,7 @@ def connection_kwargs(settings: StoreSettings, env: dict[str, str] | os._Environ
     Raises:
         ConfigError: no connection string and no account URL.
     """
-    conn = settings.azure_connection_string or env.get("AZURE_STORAGE_CONNECTION_STRING", "")
+    conn = settings.azure_connection_string.reveal() or env.get("AZURE_STORAGE_CONNECTION_STRING", "")
     if conn:
         return {"conn_str": conn}
     url = settings.azure_account_url

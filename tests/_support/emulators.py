@@ -40,7 +40,7 @@ from typing import Any
 
 import pytest
 
-from shared._settings import StoreSettings
+from shared._settings import Secret, StoreSettings
 from shared.storage import ObjectStore, open_store
 from tests._support.ports import free_port
 from tests._support.wait import wait_for_sync
@@ -91,7 +91,7 @@ class Emulator:
             return StoreSettings(s3_endpoint_url=self.endpoint, s3_region="us-east-1")
         if self.backend == "gcs":
             return StoreSettings(gcs_endpoint=self.endpoint)
-        return StoreSettings(azure_connection_string=azurite_connection_string(self.endpoint))
+        return StoreSettings(azure_connection_string=Secret(azurite_connection_string(self.endpoint)))
 
     def log_text(self) -> str:
         """Return the emulator's log (for failure messages)."""

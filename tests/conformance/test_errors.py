@@ -243,7 +243,7 @@ async def test_s3_without_credentials_is_a_config_error(
 
 async def test_azure_with_a_wrong_key_is_a_config_error(make_target: MakeTarget) -> None:
     target = make_target("azure")
-    conn = target.settings.azure_connection_string
+    conn = target.settings.azure_connection_string.reveal()
     bad_key = "QUJD" * 22
     wrong = StoreSettings(
         azure_connection_string=conn.replace(conn.split("AccountKey=")[1].split(";")[0], bad_key)
@@ -263,7 +263,7 @@ async def test_azure_account_url_with_key_from_the_environment(
     make_target: MakeTarget, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     target = make_target("azure")
-    conn = target.settings.azure_connection_string
+    conn = target.settings.azure_connection_string.reveal()
     endpoint = conn.split("BlobEndpoint=")[1].rstrip(";")
     monkeypatch.delenv("AZURE_STORAGE_CONNECTION_STRING", raising=False)
     monkeypatch.setenv("AZURE_STORAGE_ACCOUNT", AZURITE_ACCOUNT)

@@ -59,7 +59,7 @@ async def inprocess_fleet(
     await ensure_fleet(redis_client, fleet_name, settings.fleet.shards)
     coord = Coordinator(settings, coordinator_id="c1")
     worker = Worker(settings, worker_id=worker_id)
-    secret = settings.security.hmac_secret.encode() or None
+    secret = settings.security.hmac_secret.reveal_bytes()
     publisher = AsyncPublisher(redis_client, fleet_name, settings.fleet.shards, secret=secret)
     async with open_store(settings.store.url, settings.store) as store, asyncio.TaskGroup() as tg:
         coord_task = tg.create_task(coord.run())

@@ -14,6 +14,7 @@ import redis.asyncio
 
 from coordinator._procs import FleetProcess, fleet_processes, write_config
 from shared import Settings
+from shared._secret import secret_enc_hook
 from shared.fleet import FleetRegistry
 from shared.queue import AsyncPublisher, Keys, ensure_fleet
 from shared.storage import ObjectStore, open_store
@@ -107,7 +108,10 @@ async def fleet(
     overrides = dict(fleet_overrides)
     if fleet_backend != "local":
         target = make_target(fleet_backend)
-        overrides["store"] = {**msgspec.to_builtins(target.settings), "url": target.url}
+        overrides["store"] = {
+            **msgspec.to_builtins(target.settings, enc_hook=secret_enc_hook),
+            "url": target.url,
+        }
     settings = fleet_settings(redis_url, tmp_path / "store", fleet_name, **overrides)
     config = write_config(settings, tmp_path / "fleet.toml")
     await ensure_fleet(redis_client, fleet_name, settings.fleet.shards)

@@ -17,6 +17,7 @@ from shared.events import (
     StagedFile,
     TaskFinished,
     sign,
+    sign_v2,
 )
 from shared.queue import read_dead_letters, shard_of
 from tests._support.wait import wait_for
@@ -64,6 +65,20 @@ async def test_hostile_messages_are_dead_lettered(fleet: Fleet, tmp_path: Path) 
         data = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
         return {b"data": data, b"sig": sign(data, secret)}
 
+    def signed_v2(
+        doc: dict[str, Any], *, ts_ms: int | None = None, fleet: str | None = None, stream: str | None = None
+    ) -> dict[bytes, bytes]:
+        data = json.dumps(doc).encode()
+        sig = sign_v2(
+            data,
+            secret,
+            fleet=fleet or fleet_name,
+            stream=stream or fleet_keys.events(shard),
+            ts_ms=ts_ms,
+        )
+        return {b"data": data, b"sig": sig}
+
+    fleet_name, fleet_keys = fleet.settings.fleet.name, fleet.keys
     escape = tmp_path / "escape.txt"
     hostile: list[tuple[str, dict[bytes, bytes]]] = [
         ("bad_json", signed(b"{not json")),
@@ -79,6 +94,10 @@ async def test_hostile_messages_are_dead_lettered(fleet: Fleet, tmp_path: Path) 
         ("unsigned", {b"data": json.dumps(_task(ds)).encode()}),
         ("schema", {b"payload": b"no data field"}),
         ("inconsistent", signed(_task(other))),
+        # v2: a capture replayed an hour after it was signed, and valid entries of another fleet and shard.
+        ("stale", signed_v2(_task(ds), ts_ms=int(time.time() * 1000) - 3_600_000)),
+        ("bad_signature", signed_v2(_task(ds), fleet="another-fleet")),
+        ("bad_signature", signed_v2(_task(ds), stream=fleet.keys.events((shard + 1) % shards))),
     ]
     for _reason, fields in hostile:
         await fleet.redis.xadd(fleet.keys.events(shard), fields)  # type: ignore[arg-type]

@@ -14,6 +14,7 @@ from shared import ConfigError, RetryPolicy
 from shared._settings import RedisSettings
 from shared.events import (
     DatasetExpectation,
+    InvalidMessage,
     JobFinished,
     JobStarted,
     QueueEvent,
@@ -148,7 +149,11 @@ async def test_signed_messages_carry_a_valid_signature(client: redis.asyncio.Red
     c = await consumer(client, fleet_name, 2, "w1")
     (entry,) = await c.read(10, 10)
     assert b"sig" in entry.fields
-    assert decode_entry(entry.fields, limits=ValidationLimits(secret=b"s3cret")) == ev
+    assert entry.fields[b"sig"].startswith(b"t=")  # v2: bound to the fleet, the stream and the time
+    limits = ValidationLimits(secret=b"s3cret", fleet=fleet_name)
+    assert decode_entry(entry.fields, limits=limits, stream=c.stream, entry_id=entry.id) == ev
+    with pytest.raises(InvalidMessage):  # read as if from another shard's stream
+        decode_entry(entry.fields, limits=limits, stream=Keys(fleet_name).events(3), entry_id=entry.id)
 
 
 async def test_restarted_consumer_rereads_its_own_pending_entries_first(
@@ -276,7 +281,9 @@ print(len(pub.publish_many([])))
         got: list[tuple[int, QueueEvent]] = []
         for shard in range(SHARDS):
             for entry in entries_from_reply([[b"", client.xrange(keys.events(shard))]]):
-                got.append((shard, decode_entry(entry.fields, limits=ValidationLimits(secret=b"s3cret"))))
+                limits = ValidationLimits(secret=b"s3cret", fleet=fleet_name)
+                ev = decode_entry(entry.fields, limits=limits, stream=keys.events(shard), entry_id=entry.id)
+                got.append((shard, ev))
         tasks = [(shard, ev) for shard, ev in got if isinstance(ev, TaskFinished)]
         assert len(tasks) == len(got)
         assert sorted(ev.task for _, ev in tasks) == list(range(50))

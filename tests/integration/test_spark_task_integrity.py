@@ -214,7 +214,7 @@ def test_preflight_names_every_problem_in_one_error_before_the_job_starts(
     lines = str(info.value).splitlines()[1:]
     assert len(lines) == 2, lines
     assert lines[0].startswith("  store s3://cf-session/pre-") and "credentials" in lines[0]
-    assert lines[1].startswith("  redis redis://***@127.0.0.1:") and "secret" not in lines[1]
+    assert lines[1].startswith("  redis redis://user:**********@127.0.0.1:") and "secret" not in lines[1]
     assert _failed_tasks(sc) == failed_before
     assert events_of(msgspec_replace(cfg, redis_url=redis_url), "pre-1") == []  # no JobStarted
 

@@ -10,6 +10,7 @@ from typing import Any
 import msgspec
 
 from shared import Settings, load_settings
+from shared._secret import secret_enc_hook
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 # The sample shows these with a value of its own; every other setting has its default.
@@ -39,9 +40,9 @@ def test_readme_sample_loads_names_every_setting_and_shows_the_defaults(tmp_path
     path.write_text(sample())
     loaded = load_settings(path, env={})  # raises ConfigError if the sample is not accepted
     shown = flat(tomllib.loads(sample()))
-    every = flat(msgspec.to_builtins(Settings()))
+    every = flat(msgspec.to_builtins(Settings(), enc_hook=secret_enc_hook))
     assert sorted(every.keys() - shown.keys()) == [], "settings missing from the README sample"
     assert sorted(shown.keys() - every.keys()) == [], "README sample names settings that do not exist"
-    got = flat(msgspec.to_builtins(loaded))
+    got = flat(msgspec.to_builtins(loaded, enc_hook=secret_enc_hook))
     differ = {k for k in every if got[k] != every[k]}
     assert differ == NOT_DEFAULT, sorted(differ)

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import msgspec
 
+from shared._secret import masked_url, secret_enc_hook
 from shared.spark import ProducerConfig
-from shared.spark._preflight import _probe_task, _without_password, probe_key, sdk_modules
+from shared.spark._preflight import _probe_task, probe_key, sdk_modules
 
 
 def test_the_store_sdk_checked_follows_the_store_url() -> None:
@@ -27,9 +28,9 @@ def test_probe_keys_are_fresh_and_under_the_jobs_staging_prefix() -> None:
 
 
 def test_redis_passwords_never_reach_a_problem_line() -> None:
-    assert _without_password("redis://user:s3cret@h:6379/0") == "redis://***@h:6379/0"
-    assert _without_password("rediss://:s3cret@h/0") == "rediss://***@h/0"
-    assert _without_password("redis://h:6379/0") == "redis://h:6379/0"
+    assert masked_url("redis://user:s3cret@h:6379/0") == "redis://user:**********@h:6379/0"
+    assert masked_url("rediss://:s3cret@h/0") == "rediss://:**********@h/0"
+    assert masked_url("redis://h:6379/0") == "redis://h:6379/0"
 
 
 def test_the_probe_ships_by_value_and_reports_an_executor_without_the_package(tmp_path: Path) -> None:
@@ -37,7 +38,7 @@ def test_the_probe_ships_by_value_and_reports_an_executor_without_the_package(tm
     from pyspark import cloudpickle
 
     cfg = ProducerConfig(redis_url="redis://127.0.0.1:1/0", store_url="file:///nowhere", shards=1)
-    data = cloudpickle.dumps(_probe_task("j1", msgspec.to_builtins(cfg)))
+    data = cloudpickle.dumps(_probe_task("j1", msgspec.to_builtins(cfg, enc_hook=secret_enc_hook)))
     (tmp_path / "probe.pkl").write_bytes(data)
     site = str(Path(msgspec.__file__).parent.parent)  # pyspark and msgspec, without the editable finder
     code = (
