@@ -124,7 +124,7 @@ class Coordinator:
                 keys = Keys(s.fleet.name)
                 registry = FleetRegistry(r, keys)
                 admin = AdminPublisher(r, keys, maxlen=s.admin.stream_maxlen)
-                server = AdminServer(s, r, keys, store, coordinator_id=self.id, leading=self.leading)
+                server = AdminServer(s, r, keys, coordinator_id=self.id, leading=self.leading)
                 await server.start()
                 self.http_port = server.port
                 self.ready.set()
