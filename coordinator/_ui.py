@@ -39,6 +39,7 @@ STATIC_PREFIX: Final = "/ui/static/"
 ASSETS: Final = {
     "app.js": "text/javascript",
     "app.css": "text/css",
+    "favicon.svg": "image/svg+xml",
 }
 PAGE_HEADERS: Final = {
     "Content-Security-Policy": (
@@ -47,7 +48,8 @@ PAGE_HEADERS: Final = {
     ),
     "X-Frame-Options": "DENY",
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
+    # same-origin, not no-referrer: with no-referrer a form post says "Origin: null".
+    "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
 OPS: Final = ("retry", "skip")
