@@ -115,12 +115,25 @@ function bars(svg, values, max) {
 }
 
 function line(cls, values, max) {
+  // A polyline through the minutes that had commits, and a mark on each (one point alone shows too).
+  const NS = "http://www.w3.org/2000/svg";
   const w = 600 / values.length;
-  const pts = values.map((v, i) => v === null ? null : `${(i * w + w / 2).toFixed(1)},${(120 - (v / max) * 115).toFixed(1)}`)
-    .filter((p) => p !== null).join(" ");
-  const pl = document.createElementNS("http://www.w3.org/2000/svg", "polyline");
-  pl.setAttribute("class", cls); pl.setAttribute("points", pts);
-  return pl;
+  const g = document.createElementNS(NS, "g");
+  g.setAttribute("class", cls);
+  const pts = [];
+  values.forEach((v, i) => {
+    if (v === null) return;
+    const x = i * w + w / 2, y = 120 - (v / max) * 115;
+    pts.push(`${x.toFixed(1)},${y.toFixed(1)}`);
+    const mark = document.createElementNS(NS, "rect");
+    mark.setAttribute("x", (x - 3).toFixed(1)); mark.setAttribute("y", (y - 2).toFixed(1));
+    mark.setAttribute("width", "6"); mark.setAttribute("height", "4");
+    g.append(mark);
+  });
+  const pl = document.createElementNS(NS, "polyline");
+  pl.setAttribute("points", pts.join(" "));
+  g.prepend(pl);
+  return g;
 }
 
 function renderHistory() {
@@ -137,7 +150,7 @@ function renderHistory() {
   svg.replaceChildren(line("max", maxes, top), line("mean", pts.map((p) => p.mean_s), top));
   const seen = pts.filter((p) => p.mean_s !== null);
   document.getElementById("lat-now").textContent = seen.length
-    ? `last mean ${seen[seen.length - 1].mean_s} s, hour max ${top} s` : "no commits";
+    ? `last mean ${seen[seen.length - 1].mean_s.toFixed(3)} s, hour max ${top.toFixed(3)} s` : "no commits";
 }
 
 function countCommit(ev) {

@@ -80,6 +80,10 @@ async def test_console_shows_the_fleet_live_and_retries_a_quarantine(fleet: Flee
                 timeout=MS,
             )
             assert "in the hour" in await rate.inner_text()
+            # The latency chart marks the minute's mean and max.
+            await page.locator("#chart-latency g.mean rect").first.wait_for(timeout=MS)
+            assert await page.locator("#chart-latency g.max rect").count() >= 1
+            assert "last mean" in await page.locator("#lat-now").inner_text()
 
             # A quarantined dataset, its reason, and a retry from the page once the cause is fixed.
             evs, key, right = await corrupted_job(fleet.store, "j-fix", "qa")
