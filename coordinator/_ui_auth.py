@@ -20,30 +20,21 @@ from collections.abc import Mapping
 from typing import Final
 
 from shared import ConfigError
-from shared._settings import CoordinatorSettings
+from shared._settings import CoordinatorSettings, is_loopback_host
 
 SESSION_COOKIE: Final = "commitfleet_session"
 LOOPBACK_NAMES: Final = frozenset({"localhost", "127.0.0.1", "::1"})
 
 
-def is_loopback(host: str) -> bool:
-    """Return True when ``host`` (an address or name to bind) only listens on the machine itself."""
-    host = host.strip("[]")
-    if host.lower() in LOOPBACK_NAMES or host.lower().endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def check_bind(c: CoordinatorSettings) -> None:
     """Refuse a bind address that exposes the API without a token.
+
+    The settings refuse such a pair already; this guards settings built otherwise.
 
     Raises:
         ConfigError: ``http_host`` is not loopback and ``admin_token`` is empty.
     """
-    if not c.admin_token and not is_loopback(c.http_host):
+    if not c.admin_token and not is_loopback_host(c.http_host):
         raise ConfigError(
             f"coordinator.admin_token is required to serve the admin API on {c.http_host!r} "
             "(not a loopback address); set COMMITFLEET_COORDINATOR_ADMIN_TOKEN"

@@ -13,6 +13,7 @@ line naming the setting and what is wrong with it.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import tomllib
 from collections.abc import Mapping
@@ -205,6 +206,22 @@ class CoordinatorSettings(_Section, frozen=True):
             raise ValueError("coordinator.sse_max_clients must be >= 1")
         if self.admin_token and (len(self.admin_token) < 16 or not self.admin_token.isprintable()):
             raise ValueError("coordinator.admin_token must be at least 16 printable characters")
+        if not self.admin_token and not is_loopback_host(self.http_host):
+            raise ValueError(
+                f"coordinator.admin_token is required to serve the admin API on {self.http_host!r} "
+                "(not a loopback address); set COMMITFLEET_COORDINATOR_ADMIN_TOKEN"
+            )
+
+
+def is_loopback_host(host: str) -> bool:
+    """Return True when ``host`` (an address or name to bind) only listens on the machine itself."""
+    host = host.strip("[]").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class SecuritySettings(_Section, frozen=True):

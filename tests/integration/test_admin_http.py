@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -166,12 +168,29 @@ async def test_token_and_host_checks(start_admin: Start) -> None:
             assert resp.status == 200 and "Content-Security-Policy" in resp.headers
 
 
-async def test_exposed_without_token_does_not_start(start_admin: Start) -> None:
-    with pytest.raises(ConfigError) as err:
-        await start_admin(http_host="0.0.0.0")
-    assert "admin_token is required" in str(err.value) and "\n" not in str(err.value)
+async def test_exposed_without_token_does_not_start(start_admin: Start, tmp_path: Path) -> None:
+    for host in ("0.0.0.0", "::", "10.1.2.3", "fleet.example"):
+        with pytest.raises(ConfigError) as err:
+            await start_admin(http_host=host)
+        assert "admin_token is required" in str(err.value) and "\n" not in str(err.value), host
+    for host in ("127.0.0.1", "::1", "localhost", "127.0.0.2"):
+        assert load_settings(env={}, overrides={"coordinator": {"http_host": host}})
     server = await start_admin(http_host="0.0.0.0", admin_token=TOKEN)
     assert server.port
+    # The process: one line, exit 2, before it waits for Redis (nothing listens on port 1).
+    env = {
+        **os.environ,
+        "REDIS_URL": "redis://127.0.0.1:1/0",
+        "COMMITFLEET_STORE": (tmp_path / "s").as_uri(),
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+    }
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "coordinator", "coordinator", "--http-host", "0.0.0.0",
+        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err_b = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 2, (out, err_b)
+    assert err_b.decode().count("\n") == 1 and "admin_token is required" in err_b.decode(), err_b
 
 
 async def test_console_login_cookie_and_cross_site_posts(start_admin: Start) -> None:
