@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import signal
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -22,6 +23,7 @@ from coordinator._metrics import OTHER
 from shared import ConfigError, Settings, load_settings
 from shared.events import Committed, MessageRejected
 from shared.queue import AdminPublisher, Keys, connect, ensure_fleet
+from tests._support.redis_server import RedisServer
 from tests._support.wait import wait_for
 
 TOKEN = "t0ken-for-the-admin-api-tests"
@@ -278,3 +280,34 @@ async def test_sse_cap_and_disconnect_noticed_at_once(
         async with http.get(url) as again:
             assert again.status == 200
             assert re.match(r"retry: \d+", (await again.content.readline()).decode())
+
+
+async def test_a_request_ends_at_its_timeout(
+    redis_factory: Callable[..., RedisServer], fleet_name: str, tmp_path: Path
+) -> None:
+    server_redis = redis_factory()
+    s = _settings(server_redis.url, tmp_path, fleet_name, request_timeout=0.5)
+    r = connect(s.redis, client_name="adm-timeout")
+    try:
+        await ensure_fleet(r, fleet_name, 4)
+        server = AdminServer(s, r, Keys(fleet_name), coordinator_id="c-test", leading=asyncio.Event())
+        await server.start()
+        try:
+            async with client(server) as (http, base):
+                assert server_redis.proc is not None
+                # Redis stops answering; its client would wait for its 10 s socket timeout.
+                os.killpg(server_redis.proc.pid, signal.SIGSTOP)
+                try:
+                    t0 = time.monotonic()
+                    async with http.get(f"{base}/status") as resp:
+                        assert resp.status == 503
+                        assert (await resp.json())["error"] == "request timed out"
+                    assert time.monotonic() - t0 < 3
+                    async with http.get(f"{base}/healthz") as resp:  # the server itself goes on
+                        assert resp.status == 200
+                finally:
+                    os.killpg(server_redis.proc.pid, signal.SIGCONT)
+        finally:
+            await server.stop()
+    finally:
+        await r.aclose()
