@@ -22,15 +22,20 @@ class CommitHistory:
 
     def __init__(self) -> None:
         self._minutes: dict[int, _Minute] = {}
+        self._newest = 0  # the newest minute seen
 
     def add(self, at: float, duration_s: float) -> None:
         """Count one commit that ended at ``at`` (epoch seconds) after ``duration_s`` seconds."""
         m = int(at // 60)
         slot = self._minutes.get(m)
         if slot is None:
+            newest = max(m, self._newest)
+            if m <= newest - WINDOW_MINUTES:
+                return  # already out of the window (events may arrive out of order)
+            self._newest = newest
             slot = self._minutes[m] = _Minute(m)
-            # Forget what fell out of the window (a bounded dict whatever the clock does).
-            for old in [k for k in self._minutes if k <= m - WINDOW_MINUTES or k > m + 1]:
+            # Forget what fell out of the window: the dict stays bounded.
+            for old in [k for k in self._minutes if k <= newest - WINDOW_MINUTES]:
                 del self._minutes[old]
         slot.commits += 1
         slot.seconds += duration_s
