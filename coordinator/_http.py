@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -62,6 +63,7 @@ STATUS_CACHE_S = 1.0
 # Paths served without token or Host check.
 OPEN_PATHS = frozenset({"/healthz"})
 _DATA = DATA_FIELD.encode()
+STREAM_ID = re.compile(r"\$|\d{1,20}(-\d{1,20})?")
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -249,6 +251,9 @@ class AdminServer:
         types = {t for t in q.get("type", "").split(",") if t}
         dataset, job = q.get("dataset"), q.get("job")
         start = request.headers.get("Last-Event-ID") or q.get("from", "$")
+        if not STREAM_ID.fullmatch(start):
+            error = f"bad stream id {start[:40]!r}: use $, 0 or ms-seq"
+            return web.json_response({"error": error}, status=400)
         resp = web.StreamResponse(
             headers={
                 "Content-Type": "text/event-stream",
@@ -263,7 +268,7 @@ class AdminServer:
         last_write = time.monotonic()
         try:
             with redis_errors("XREVRANGE admin"):
-                if start in ("$", ""):
+                if start == "$":
                     newest: Any = await self.r.xrevrange(self.keys.admin, count=1)
                     start = newest[0][0].decode() if newest else "0-0"
             while True:

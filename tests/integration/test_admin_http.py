@@ -242,6 +242,9 @@ async def test_sse_keepalive(start_admin: Start) -> None:
             assert re.match(r"retry: \d+", (await resp.content.readline()).decode())
             lines = [(await resp.content.readline()).decode() for _ in range(4)]
         assert ": keep-alive\n" in lines, lines
+        for bad in ("garbage", "1-2-3", "$x"):
+            async with http.get(f"{base}/events", params={"from": bad}) as resp:
+                assert resp.status == 400, bad
 
 
 async def test_sse_cap_and_disconnect_noticed_at_once(
