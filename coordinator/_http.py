@@ -254,13 +254,7 @@ class AdminServer:
         if not STREAM_ID.fullmatch(start):
             error = f"bad stream id {start[:40]!r}: use $, 0 or ms-seq"
             return web.json_response({"error": error}, status=400)
-        resp = web.StreamResponse(
-            headers={
-                "Content-Type": "text/event-stream",
-                "Cache-Control": "no-cache",
-                "X-Accel-Buffering": "no",
-            }
-        )
+        resp = web.StreamResponse(headers=SSE_HEADERS)
         await resp.prepare(request)
         await resp.write(b"retry: 3000\n\n")
         # A blocking read must end before the Redis client's socket timeout.
