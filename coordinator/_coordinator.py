@@ -130,7 +130,7 @@ class Coordinator:
                     wait_replicas=s.redis.wait_replicas,
                     wait_timeout=s.redis.wait_timeout,
                 )
-                server = AdminServer(s, r, keys, store, coordinator_id=self.id, leading=self.leading)
+                server = AdminServer(s, r, keys, coordinator_id=self.id, leading=self.leading)
                 await server.start()
                 self.http_port = server.port
                 self.ready.set()

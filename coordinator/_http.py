@@ -1,4 +1,4 @@
-"""The admin HTTP API (aiohttp): status JSON, the admin stream as server-sent events, metrics.
+"""The admin HTTP API (aiohttp): status JSON, the admin stream as server-sent events, metrics, console.
 
 Routes:
 
@@ -7,15 +7,25 @@ Routes:
   ``dataset``, ``job`` filter; ``from`` (``$`` = from now, ``0`` = replay the
   capped stream) or the ``Last-Event-ID`` header resumes
 - ``GET /metrics``  Prometheus text format
-- ``GET /healthz``  ``ok``
+- ``GET /healthz``  ``ok`` (no token, no Host check: it tells nothing)
+- ``/ui``           the web console (coordinator/_ui.py)
+
+Every route but ``/healthz`` checks the Host header (DNS rebinding) and the
+bearer token or console cookie when ``coordinator.admin_token`` is set
+(coordinator/_ui_auth.py). Requests other than event streams end after
+``coordinator.request_timeout``; event streams send a keep-alive comment when
+idle, are capped at ``coordinator.sse_max_clients``, and end as soon as their
+client disconnects (aiohttp cancels the handler: no loop, no Redis read left).
+Nothing on a request path lists or reads the store.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
-from collections import Counter
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -24,14 +34,19 @@ from aiohttp import web
 
 from shared import ConfigError, Settings, TransientError
 from shared._logging import kv
-from shared.events import AdminEvent, Committed, MessageRejected, RecoveryDone, encode_admin
-from shared.queue import Keys, follow_admin
-from shared.storage import ObjectStore
+from shared.events import DATA_FIELD, AdminEvent, Committed, InvalidMessage, decode_admin, encode_admin
+from shared.queue import Keys, follow_admin, read_admin_range, redis_errors
+from shared.queue._entry import entries_from_reply
 
-from ._metrics import Histogram, render_metrics
+from . import _ui
+from ._metrics import CONTENT_TYPE, FleetMetrics
 from ._status import fleet_status
+from ._ui_auth import allowed_hosts, authorized, check_bind, host_allowed
+from ._ui_history import CommitHistory, window_start_id
 
 log = logging.getLogger("coordinator.http")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def event_matches(ev: AdminEvent, *, types: set[str], dataset: str | None, job: str | None) -> bool:
@@ -45,17 +60,21 @@ def event_matches(ev: AdminEvent, *, types: set[str], dataset: str | None, job: 
 
 # How long one status document answers /status and /metrics requests.
 STATUS_CACHE_S = 1.0
+# Paths served without token or Host check.
+OPEN_PATHS = frozenset({"/healthz"})
+_DATA = DATA_FIELD.encode()
+STREAM_ID = re.compile(r"\$|\d{1,20}(-\d{1,20})?")
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 class AdminServer:
-    """Serves the admin API and aggregates admin events into metrics."""
+    """Serves the admin API and console; aggregates admin events into metrics and commit history."""
 
     def __init__(
         self,
         settings: Settings,
         redis_client: redis.asyncio.Redis,
         keys: Keys,
-        store: ObjectStore,
         *,
         coordinator_id: str,
         leading: asyncio.Event,
@@ -63,23 +82,21 @@ class AdminServer:
         self.settings = settings
         self.r = redis_client
         self.keys = keys
-        self.store = store
         self.coordinator_id = coordinator_id
         self.leading = leading
         self.port: int | None = None
-        self.event_counts: Counter[str] = Counter()
-        self.rejections: Counter[str] = Counter()
-        self.commit_seconds = Histogram()
-        self.recovery_seconds = Histogram()
-        self.phase_seconds: dict[str, Histogram] = {}
+        self.metrics = FleetMetrics()
+        self.history = CommitHistory()
+        self.sse_clients = 0
+        self._hosts = allowed_hosts(settings.coordinator)
         self._runner: web.AppRunner | None = None
         # The status document, shared by the requests of STATUS_CACHE_S seconds.
         self._cached: tuple[float, dict[str, Any]] | None = None
         self._status_lock = asyncio.Lock()
 
-    async def start(self) -> None:
-        """Bind and serve. Raises ConfigError when the address is unusable."""
-        app = web.Application()
+    def app(self) -> web.Application:
+        """Return the aiohttp application (routes and guards)."""
+        app = web.Application(middlewares=[self._guard])
         app.add_routes(
             [
                 web.get("/status", self._status),
@@ -88,13 +105,34 @@ class AdminServer:
                 web.get("/healthz", self._health),
             ]
         )
-        self._runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=1.0)
-        await self._runner.setup()
+        _ui.add_routes(app, self)
+        return app
+
+    async def start(self) -> None:
+        """Bind and serve.
+
+        Raises:
+            ConfigError: the address is unusable, or exposed without a token.
+        """
         c = self.settings.coordinator
+        check_bind(c)
+        # handler_cancellation: a client that goes away cancels its handler at once (an
+        # event stream whose filter never matches would otherwise loop for ever).
+        self._runner = web.AppRunner(
+            self.app(),
+            handle_signals=False,
+            access_log=None,
+            shutdown_timeout=1.0,
+            handler_cancellation=True,
+            keepalive_timeout=min(75.0, c.request_timeout),
+        )
+        await self._runner.setup()
         site = web.TCPSite(self._runner, c.http_host, c.http_port)
         try:
             await site.start()
         except OSError as exc:
+            await self._runner.cleanup()
+            self._runner = None
             raise ConfigError(f"cannot serve the admin API on {c.http_host}:{c.http_port}: {exc}") from None
         server = site._server
         sockets = getattr(server, "sockets", None) or []
@@ -107,28 +145,59 @@ class AdminServer:
             await runner.cleanup()
 
     async def follow_admin(self) -> None:
-        """Aggregate admin events into metrics, forever (the owner cancels it)."""
+        """Aggregate admin events into metrics and the commit history, forever (the owner cancels it).
+
+        The history first reads back the last hour of the (capped) stream.
+        """
+        last: bytes | str = "$"
+        try:
+            for entry_id, ev in await read_admin_range(self.r, self.keys, start=window_start_id(time.time())):
+                self._history(ev)
+                last = entry_id
+        except TransientError as exc:
+            log.warning("admin stream unavailable; commit history starts now", extra=kv(error=str(exc)))
+        first = True
         while True:
             try:
-                async for _id, ev in follow_admin(self.r, self.keys, from_id="$", block_ms=500):
-                    self._count(ev)
+                async for entry_id, ev in follow_admin(self.r, self.keys, from_id=last, block_ms=500):
+                    last = entry_id
+                    self.metrics.agg.count(ev)
+                    self._history(ev)
             except TransientError as exc:
-                log.warning("admin stream unavailable", extra=kv(error=str(exc)))
+                if first:
+                    log.warning("admin stream unavailable", extra=kv(error=str(exc)))
+                first = False
                 await asyncio.sleep(1.0)
 
-    def _count(self, ev: AdminEvent) -> None:
-        self.event_counts[str(type(ev).__struct_config__.tag)] += 1
-        if isinstance(ev, Committed):
-            self.commit_seconds.observe(ev.duration_s)
-            for phase, seconds in ev.phases.items():
-                self.phase_seconds.setdefault(phase, Histogram()).observe(seconds)
-        elif isinstance(ev, RecoveryDone):
-            self.recovery_seconds.observe(ev.duration_s)
-        elif isinstance(ev, MessageRejected):
-            self.rejections[ev.reason] += 1
+    def _history(self, ev: AdminEvent) -> None:
+        # An event stamped in the future (a bad clock, a forged entry) would push the window on.
+        if isinstance(ev, Committed) and ev.at < time.time() + 300:
+            self.history.add(ev.at, ev.duration_s)
 
-    async def _status_doc(self) -> dict[str, Any]:
-        """Return the status document, at most STATUS_CACHE_S old.
+    @web.middleware
+    async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Host check, token check and request timeout, in that order."""
+        if request.path in OPEN_PATHS:
+            return await handler(request)
+        if not host_allowed(request.headers.get("Host"), self._hosts):
+            return web.json_response({"error": "host not allowed"}, status=421)
+        c = self.settings.coordinator
+        if not _ui.is_public(request) and not authorized(request.headers, request.cookies, c.admin_token):
+            if _ui.wants_page(request):
+                raise web.HTTPSeeOther(_ui.LOGIN_PATH)
+            return web.json_response(
+                {"error": "unauthorized"}, status=401, headers={"WWW-Authenticate": "Bearer"}
+            )
+        if request.path == "/events":
+            return await handler(request)  # long-lived by design; ends with its client
+        try:
+            async with asyncio.timeout(c.request_timeout):
+                return await handler(request)
+        except TimeoutError:
+            return web.json_response({"error": "request timed out"}, status=503)
+
+    async def status_doc(self, *, fresh: bool = False) -> dict[str, Any]:
+        """Return the status document, at most STATUS_CACHE_S old (``fresh``: newly read).
 
         Computed from the Redis state the workers keep (quarantines included),
         never by listing the store: a request costs the same at any store size.
@@ -136,7 +205,7 @@ class AdminServer:
         """
         async with self._status_lock:
             now = time.monotonic()
-            if self._cached is not None and now - self._cached[0] < STATUS_CACHE_S:
+            if not fresh and self._cached is not None and now - self._cached[0] < STATUS_CACHE_S:
                 return self._cached[1]
             doc = await fleet_status(self.r, self.keys, self.settings)
             doc["coordinator"] = {"id": self.coordinator_id, "leading": self.leading.is_set()}
@@ -145,7 +214,7 @@ class AdminServer:
 
     async def _status(self, _request: web.Request) -> web.Response:
         try:
-            doc = await self._status_doc()
+            doc = await self.status_doc()
         except TransientError as exc:
             return web.json_response({"error": str(exc)}, status=503)
         return web.Response(body=msgspec.json.encode(doc), content_type="application/json")
@@ -155,30 +224,71 @@ class AdminServer:
 
     async def _metrics(self, _request: web.Request) -> web.Response:
         try:
-            doc = await self._status_doc()
+            doc = await self.status_doc()
         except TransientError as exc:
             return web.Response(text=f"# status unavailable: {exc}\n", status=503)
-        text = render_metrics(
-            doc,
-            events=self.event_counts,
-            rejections=self.rejections,
-            commit_seconds=self.commit_seconds,
-            recovery_seconds=self.recovery_seconds,
-            phase_seconds=self.phase_seconds,
-        )
-        return web.Response(text=text, content_type="text/plain", charset="utf-8")
+        body = self.metrics.render(doc, sse_clients=self.sse_clients)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
     async def _events(self, request: web.Request) -> web.StreamResponse:
+        c = self.settings.coordinator
+        if self.sse_clients >= c.sse_max_clients:
+            return web.json_response(
+                {"error": f"too many event-stream clients ({c.sse_max_clients})"},
+                status=503,
+                headers={"Retry-After": "5"},
+            )
+        self.sse_clients += 1
+        try:
+            return await self._stream(request)
+        finally:
+            self.sse_clients -= 1
+
+    async def _stream(self, request: web.Request) -> web.StreamResponse:
+        """Serve one event stream until its client goes (cancelled) or Redis fails (the stream ends)."""
+        c = self.settings.coordinator
         q = request.query
         types = {t for t in q.get("type", "").split(",") if t}
         dataset, job = q.get("dataset"), q.get("job")
         start = request.headers.get("Last-Event-ID") or q.get("from", "$")
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        if not STREAM_ID.fullmatch(start):
+            error = f"bad stream id {start[:40]!r}: use $, 0 or ms-seq"
+            return web.json_response({"error": error}, status=400)
+        resp = web.StreamResponse(headers=SSE_HEADERS)
         await resp.prepare(request)
-        async for entry_id, ev in follow_admin(self.r, self.keys, from_id=start, block_ms=1000):
-            if not event_matches(ev, types=types, dataset=dataset, job=job):
-                continue
-            tag = str(type(ev).__struct_config__.tag)
-            payload = encode_admin(ev).decode()
-            await resp.write(f"id: {entry_id.decode()}\nevent: {tag}\ndata: {payload}\n\n".encode())
+        await resp.write(b"retry: 3000\n\n")
+        # A blocking read must end before the Redis client's socket timeout.
+        block_ms = int(min(c.sse_keepalive, self.settings.redis.socket_timeout / 2) * 1000)
+        last_write = time.monotonic()
+        try:
+            with redis_errors("XREVRANGE admin"):
+                if start == "$":
+                    newest: Any = await self.r.xrevrange(self.keys.admin, count=1)
+                    start = newest[0][0].decode() if newest else "0-0"
+            while True:
+                with redis_errors("XREAD admin"):
+                    reply = await self.r.xread({self.keys.admin: start}, count=100, block=block_ms)
+                entries = entries_from_reply(reply)
+                out: list[bytes] = []
+                for entry in entries:
+                    start = entry.id.decode()
+                    try:
+                        ev = decode_admin(entry.fields.get(_DATA, b""))
+                    except InvalidMessage:
+                        continue  # logged by the readers that act on events; a viewer skips it
+                    if event_matches(ev, types=types, dataset=dataset, job=job):
+                        tag = str(type(ev).__struct_config__.tag)
+                        out.append(
+                            f"id: {start}\nevent: {tag}\ndata: {encode_admin(ev).decode()}\n\n".encode()
+                        )
+                now = time.monotonic()
+                if not out and now - last_write >= c.sse_keepalive:
+                    out.append(b": keep-alive\n\n")
+                if out:
+                    await resp.write(b"".join(out))
+                    last_write = now
+        except TransientError as exc:
+            log.warning("event stream ended: Redis unavailable", extra=kv(error=str(exc)))
+        except ConnectionResetError:
+            pass  # the client went away between two writes
         return resp

@@ -1,12 +1,52 @@
-"""Prometheus text exposition of the fleet's metrics (no client library needed)."""
+"""The fleet's Prometheus metrics, exposed through prometheus_client.
+
+Every label has a closed set of values, so a hostile or buggy message can
+never add a series: ``fleet`` (this fleet's name), ``shard`` (0..shards-1),
+``type`` (the admin event tags), ``reason`` (the reject reason codes of
+:data:`shared.events.REJECT_REASONS`, anything else counts as ``other``) and
+``phase`` (the commit phases, anything else counts as ``other``). Free text
+(details, quarantine and abort reasons) never becomes a label value.
+
+The names are listed in the README ("Metrics").
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
-BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from shared.events import (
+    ADMIN_EVENT_TYPES,
+    REJECT_REASONS,
+    AdminEvent,
+    Committed,
+    MessageRejected,
+    RecoveryDone,
+)
+
+BUCKETS: Final = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+
+OTHER: Final = "other"
+"""The label value of anything outside a label's closed set."""
+
+PHASES: Final = ("publish", "apply", "manifest", "cleanup")
+"""The phases a ``committed`` event reports (shared/commit: the step latencies)."""
+
+EVENT_TYPES: Final[tuple[str, ...]] = tuple(sorted(ADMIN_EVENT_TYPES))
+
+# The fleet-wide counters the workers keep in Redis (the status document's ``counters``).
+COUNTERS: Final = ("intake", "rejected", "committed", "aborted", "quarantined", "lock_takeovers")
+
+
+def bounded(value: str, allowed: frozenset[str] | tuple[str, ...]) -> str:
+    """Return ``value`` when it is in ``allowed``, else :data:`OTHER`."""
+    return value if value in allowed else OTHER
 
 
 @dataclass(slots=True)
@@ -25,67 +65,122 @@ class Histogram:
             if value <= bound:
                 self.counts[i] += 1
 
-    def lines(self, name: str, labels: str = "") -> list[str]:
-        """Return the sample lines of the histogram (``labels``: ``k="v",...`` to add)."""
-        pre = f"{labels}," if labels else ""
-        tail = f"{{{labels}}}" if labels else ""
-        out = [
-            f'{name}_bucket{{{pre}le="{bound}"}} {n}' for bound, n in zip(BUCKETS, self.counts, strict=True)
-        ]
-        out += [f'{name}_bucket{{{pre}le="+Inf"}} {self.total}', f"{name}_sum{tail} {self.sum}"]
-        out.append(f"{name}_count{tail} {self.total}")
-        return out
+    def buckets(self) -> list[tuple[str, float]]:
+        """Return the cumulative ``(le, count)`` pairs, ``+Inf`` last."""
+        out = [(repr(b), float(n)) for b, n in zip(BUCKETS, self.counts, strict=True)]
+        return [*out, ("+Inf", float(self.total))]
 
 
-def render_metrics(
-    status: Mapping[str, Any],
-    *,
-    events: Mapping[str, int],
-    rejections: Mapping[str, int],
-    commit_seconds: Histogram,
-    recovery_seconds: Histogram,
-    phase_seconds: Mapping[str, Histogram] | None = None,
-) -> str:
-    """Return the Prometheus text for a status document and the aggregated admin events.
+@dataclass
+class EventAggregates:
+    """What this coordinator saw on the admin stream since it started."""
 
-    Fleet-wide counters come from the workers' metrics hash (``intake``,
-    ``rejected``, ``committed``, ``aborted``, ``quarantined``,
-    ``lock_takeovers``); gauges from the status document; histograms (commit,
-    recovery, and each commit phase: the step latencies) and per-type event
-    counts from the admin stream as seen since this coordinator started.
-    """
-    fleet = status["fleet"]
-    lab = f'fleet="{fleet}"'
-    out: list[str] = []
-    counters = status.get("counters", {})
-    for name in ("intake", "rejected", "committed", "aborted", "quarantined", "lock_takeovers"):
-        metric = f"commitfleet_{name}_total"
-        out += [f"# TYPE {metric} counter", f"{metric}{{{lab}}} {int(counters.get(name, 0))}"]
-    rows = status["shard_table"]
-    gauges = {
-        "commitfleet_workers": len(status["workers"]),
-        "commitfleet_open_jobs": len(status["open_jobs"]),
-        "commitfleet_pending_datasets": len(status["pending"]),
-        "commitfleet_quarantined_datasets": len(status["quarantined"]),
-        "commitfleet_lag_entries": sum(r["lag"] for r in rows),
-        "commitfleet_pending_entries": sum(r["pending"] for r in rows),
-        "commitfleet_dead_letters": sum(r["dead_letters"] for r in rows),
-        "commitfleet_assignment_epoch": status["assignment_epoch"],
-    }
-    for metric, value in gauges.items():
-        out += [f"# TYPE {metric} gauge", f"{metric}{{{lab}}} {value}"]
-    out.append("# TYPE commitfleet_shard_lag_entries gauge")
-    out += [f'commitfleet_shard_lag_entries{{{lab},shard="{r["shard"]}"}} {r["lag"]}' for r in rows]
-    out.append("# TYPE commitfleet_admin_events_total counter")
-    out += [f'commitfleet_admin_events_total{{{lab},type="{t}"}} {n}' for t, n in sorted(events.items())]
-    out.append("# TYPE commitfleet_rejections_total counter")
-    out += [f'commitfleet_rejections_total{{{lab},reason="{t}"}} {n}' for t, n in sorted(rejections.items())]
-    for name, hist in (
-        ("commitfleet_commit_duration_seconds", commit_seconds),
-        ("commitfleet_recovery_duration_seconds", recovery_seconds),
-    ):
-        out += [f"# TYPE {name} histogram", *hist.lines(name, lab)]
-    out.append("# TYPE commitfleet_commit_phase_seconds histogram")
-    for phase, hist in sorted((phase_seconds or {}).items()):
-        out += hist.lines("commitfleet_commit_phase_seconds", f'{lab},phase="{phase}"')
-    return "\n".join(out) + "\n"
+    events: Counter[str] = field(default_factory=Counter)
+    rejections: Counter[str] = field(default_factory=Counter)
+    commit_seconds: Histogram = field(default_factory=Histogram)
+    recovery_seconds: Histogram = field(default_factory=Histogram)
+    phase_seconds: dict[str, Histogram] = field(default_factory=dict)
+
+    def count(self, ev: AdminEvent) -> None:
+        """Fold one admin event into the aggregates (label values bounded)."""
+        self.events[bounded(str(type(ev).__struct_config__.tag), EVENT_TYPES)] += 1
+        if isinstance(ev, Committed):
+            self.commit_seconds.observe(ev.duration_s)
+            for phase, seconds in ev.phases.items():
+                self.phase_seconds.setdefault(bounded(phase, PHASES), Histogram()).observe(seconds)
+        elif isinstance(ev, RecoveryDone):
+            self.recovery_seconds.observe(ev.duration_s)
+        elif isinstance(ev, MessageRejected):
+            self.rejections[bounded(ev.reason, REJECT_REASONS)] += 1
+
+
+class _FleetCollector(Collector):
+    """Yields the metric families of the last status document and the aggregates."""
+
+    def __init__(self, agg: EventAggregates) -> None:
+        self.agg = agg
+        self.status: Mapping[str, Any] | None = None
+        self.sse_clients = 0
+
+    def describe(self) -> list[Metric]:
+        return []  # no names reserved up front: the registry must not call collect() early
+
+    def collect(self) -> Iterator[Metric]:
+        status = self.status
+        if status is None:
+            return
+        fleet = str(status["fleet"])
+        counters = status.get("counters", {})
+        for name in COUNTERS:
+            c = CounterMetricFamily(f"commitfleet_{name}", f"Fleet-wide {name} count.", labels=["fleet"])
+            c.add_metric([fleet], float(counters.get(name, 0)))
+            yield c
+        rows = status["shard_table"]
+        gauges = {
+            "commitfleet_workers": ("Live workers.", len(status["workers"])),
+            "commitfleet_open_jobs": ("Jobs open in the shards' state.", len(status["open_jobs"])),
+            "commitfleet_pending_datasets": ("Datasets waiting or being committed.", len(status["pending"])),
+            "commitfleet_quarantined_datasets": ("Quarantined commit sequences.", len(status["quarantined"])),
+            "commitfleet_lag_entries": ("Entries not yet read, all shards.", sum(r["lag"] for r in rows)),
+            "commitfleet_pending_entries": ("Entries read, not acked.", sum(r["pending"] for r in rows)),
+            "commitfleet_dead_letters": ("Dead-letter entries.", sum(r["dead_letters"] for r in rows)),
+            "commitfleet_assignment_epoch": ("Epoch of the shard assignment.", status["assignment_epoch"]),
+            "commitfleet_admin_sse_clients": ("Event-stream clients of this coordinator.", self.sse_clients),
+        }
+        for metric, (doc, value) in gauges.items():
+            g = GaugeMetricFamily(metric, doc, labels=["fleet"])
+            g.add_metric([fleet], float(value))
+            yield g
+        lag = GaugeMetricFamily(
+            "commitfleet_shard_lag_entries", "Entries not yet read.", labels=["fleet", "shard"]
+        )
+        for r in rows:
+            lag.add_metric([fleet, str(int(r["shard"]))], float(r["lag"]))
+        yield lag
+        agg = self.agg
+        ev = CounterMetricFamily(
+            "commitfleet_admin_events", "Admin events seen by this coordinator.", labels=["fleet", "type"]
+        )
+        # Every label value of the closed sets is always there: the series never change.
+        for t in (*EVENT_TYPES, OTHER):
+            ev.add_metric([fleet, t], float(agg.events.get(t, 0)))
+        yield ev
+        rej = CounterMetricFamily(
+            "commitfleet_rejections", "Rejected messages by reason code.", labels=["fleet", "reason"]
+        )
+        for reason in (*sorted(REJECT_REASONS), OTHER):
+            rej.add_metric([fleet, reason], float(agg.rejections.get(reason, 0)))
+        yield rej
+        for name, doc, hist in (
+            ("commitfleet_commit_duration_seconds", "Commit duration.", agg.commit_seconds),
+            ("commitfleet_recovery_duration_seconds", "Recovery duration.", agg.recovery_seconds),
+        ):
+            h = HistogramMetricFamily(name, doc, labels=["fleet"])
+            h.add_metric([fleet], hist.buckets(), hist.sum)
+            yield h
+        ph = HistogramMetricFamily(
+            "commitfleet_commit_phase_seconds", "Seconds per commit phase.", labels=["fleet", "phase"]
+        )
+        for phase in (*PHASES, OTHER):
+            hist = agg.phase_seconds.get(phase) or Histogram()
+            ph.add_metric([fleet, phase], hist.buckets(), hist.sum)
+        yield ph
+
+
+class FleetMetrics:
+    """The coordinator's metrics: one private registry, rendered per request."""
+
+    def __init__(self) -> None:
+        self.agg = EventAggregates()
+        self._collector = _FleetCollector(self.agg)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self._collector)
+
+    def render(self, status: Mapping[str, Any], *, sse_clients: int = 0) -> bytes:
+        """Return the Prometheus text exposition for ``status`` and the aggregates."""
+        self._collector.status = status
+        self._collector.sse_clients = sse_clients
+        return generate_latest(self.registry)
+
+
+CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Prepare a fresh machine for commitfleet's tests and demo, idempotently:
 # a virtualenv in .venv, the Python packages, redis-server (apt) when missing,
-# Azurite (pinned) through npm into .tools/, and a Java check for Spark.
+# chromium (apt) for the console's browser test, Azurite (pinned) through npm
+# into .tools/, and a Java check for Spark.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -21,6 +22,14 @@ if ! command -v redis-server >/dev/null 2>&1; then
   echo "bootstrap: installing redis-server with apt" >&2
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
   $SUDO apt-get update -qq && $SUDO apt-get install -y -qq redis-server >/dev/null
+fi
+
+# The web console's browser test drives Debian's chromium through Playwright
+# (never `playwright install`: no browser download).
+if ! command -v chromium >/dev/null 2>&1; then
+  echo "bootstrap: installing chromium with apt" >&2
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq && $SUDO apt-get install -y -qq chromium >/dev/null
 fi
 
 if [ ! -x .tools/node_modules/.bin/azurite-blob ]; then

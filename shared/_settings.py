@@ -19,6 +19,7 @@ line naming the setting and what is wrong with it.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import tomllib
 from collections.abc import Mapping
@@ -219,15 +220,52 @@ class WorkerSettings(_Section, frozen=True):
 
 
 class CoordinatorSettings(_Section, frozen=True):
-    """The coordinator: rebalance cadence and the admin HTTP API."""
+    """The coordinator: rebalance cadence and the admin HTTP API.
+
+    ``admin_token``: the bearer token of the admin API and web console (empty
+    = none; then the API may only be bound to a loopback address: the
+    coordinator refuses to start otherwise). ``allowed_hosts``: comma-separated
+    host names the API answers to besides the loopback names (the Host header
+    check that stops DNS rebinding). ``request_timeout``: seconds a request
+    (other than an event stream) may take. ``sse_max_clients``: event-stream
+    clients served at once; ``sse_keepalive``: seconds between keep-alive
+    comments of an idle event stream.
+    """
 
     http_host: str = "127.0.0.1"
     http_port: int = 8787
     tick: float = 1.0
+    admin_token: str = ""
+    allowed_hosts: str = ""
+    request_timeout: float = 30.0
+    sse_max_clients: int = 32
+    sse_keepalive: float = 15.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.http_port <= 65535:
             raise ValueError("coordinator.http_port must be 0..65535")
+        if self.request_timeout <= 0 or self.sse_keepalive <= 0:
+            raise ValueError("coordinator.request_timeout and coordinator.sse_keepalive must be > 0")
+        if self.sse_max_clients < 1:
+            raise ValueError("coordinator.sse_max_clients must be >= 1")
+        if self.admin_token and (len(self.admin_token) < 16 or not self.admin_token.isprintable()):
+            raise ValueError("coordinator.admin_token must be at least 16 printable characters")
+        if not self.admin_token and not is_loopback_host(self.http_host):
+            raise ValueError(
+                f"coordinator.admin_token is required to serve the admin API on {self.http_host!r} "
+                "(not a loopback address); set COMMITFLEET_COORDINATOR_ADMIN_TOKEN"
+            )
+
+
+def is_loopback_host(host: str) -> bool:
+    """Return True when ``host`` (an address or name to bind) only listens on the machine itself."""
+    host = host.strip("[]").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class SecuritySettings(_Section, frozen=True):

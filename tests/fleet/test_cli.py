@@ -23,6 +23,7 @@ from typing import Any
 import aiohttp
 import jsonschema  # type: ignore[import-untyped]
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from coordinator._procs import FleetProcess
 from coordinator._status import fleet_status
@@ -328,35 +329,37 @@ async def test_status_events_audit_and_http_api(fleet: Fleet) -> None:
         assert hdoc["leader"] == "c1"
         assert sorted(j["job"] for j in hdoc["open_jobs"]) == ["j-open", "j-wait"]
 
-        async def metrics() -> str:
+        async def metrics() -> dict[tuple[str, str], float]:
             async with http.get(f"{base}/metrics") as resp:
                 assert resp.status == 200
                 text = await resp.text()
+            # Parsed by prometheus_client's own parser (a malformed exposition raises).
+            got = {
+                (s.name, ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))): s.value
+                for fam in text_string_to_metric_families(text)
+                for s in fam.samples
+            }
             # Workers flush their counters about once a second.
-            return text if re.search(r"^commitfleet_committed_total\{.*\} 4$", text, re.M) else ""
+            return got if got.get(("commitfleet_committed_total", lab)) == 4 else {}
 
-        text = await wait_for(metrics, timeout=30, interval=0.2, what="committed_total 4 in /metrics")
-        lab = f'fleet="{fleet.settings.fleet.name}"'
-        for line in (
-            f"commitfleet_committed_total{{{lab}}} 4",
-            f"commitfleet_aborted_total{{{lab}}} 1",
-            f"commitfleet_quarantined_total{{{lab}}} 0",
-            f"commitfleet_workers{{{lab}}} 2",
-            f"commitfleet_open_jobs{{{lab}}} 2",
-            f"commitfleet_pending_datasets{{{lab}}} 1",
-            f"commitfleet_quarantined_datasets{{{lab}}} 0",
-            "# TYPE commitfleet_commit_duration_seconds histogram",
+        lab = f"fleet={fleet.settings.fleet.name}"
+        got = await wait_for(metrics, timeout=30, interval=0.2, what="committed_total 4 in /metrics")
+        for name, value in (
+            ("commitfleet_committed_total", 4),
+            ("commitfleet_aborted_total", 1),
+            ("commitfleet_quarantined_total", 0),
+            ("commitfleet_workers", 2),
+            ("commitfleet_open_jobs", 2),
+            ("commitfleet_pending_datasets", 1),
+            ("commitfleet_quarantined_datasets", 0),
+            ("commitfleet_commit_duration_seconds_count", 4),
+            ("commitfleet_admin_sse_clients", 0),
         ):
-            assert line in text.splitlines(), f"{line!r} not in:\n{text}"
-        m = re.search(r'^commitfleet_admin_events_total\{.*type="committed"\} (\d+)$', text, re.M)
-        assert m is not None and int(m.group(1)) == 4, text
-        m = re.search(r"^commitfleet_commit_duration_seconds_count\{.*\} (\d+)$", text, re.M)
-        assert m is not None and int(m.group(1)) == 4, text
+            assert got.get((name, lab)) == value, (name, got)
+        assert got[("commitfleet_admin_events_total", f"{lab},type=committed")] == 4, got
         # Step latencies: one histogram per commit phase, each commit counted once.
         for phase in ("publish", "apply", "manifest", "cleanup"):
-            pat = rf'^commitfleet_commit_phase_seconds_count\{{.*phase="{phase}"\}} (\d+)$'
-            m = re.search(pat, text, re.M)
-            assert m is not None and int(m.group(1)) == 4, (phase, text)
+            assert got[("commitfleet_commit_phase_seconds_count", f"{lab},phase={phase}")] == 4, (phase, got)
 
         # /events: server-sent events, replayed from the start and filtered.
         async with http.get(f"{base}/events", params={"from": "0", "type": "committed"}) as resp:
@@ -388,10 +391,12 @@ async def read_sse(resp: aiohttp.ClientResponse, n: int, timeout: float = 15) ->
                 raise AssertionError(f"event stream ended after {events}")
             line = raw.decode().rstrip("\n")
             if not line:
-                if current:
+                if "data" in current:  # a block without data (``retry:``) is no event
                     events.append(current)
                 current = {}
                 continue
+            if line.startswith(":"):
+                continue  # a comment: the server's keep-alive
             name, _, value = line.partition(":")
             current[name] = value.removeprefix(" ")
     return events
