@@ -12,11 +12,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hyp_settings
+from hypothesis import strategies as st
 
 from shared._errors import Fenced
+from shared._settings import StoreSettings
 from shared.commit import _catalog as catalog_step
 from shared.commit import abort_dataset, audit, commit_dataset, list_unfinished, recover_dataset
-from shared.events import TableBinding
+from shared.events import TableBinding, published_key, staged_key
 from shared.storage import ObjectStore
 from tests._support.emulators import MakeTarget, StoreTarget
 from tests.integration.tables_support import (
@@ -287,4 +291,75 @@ async def test_append_to_a_missing_table_quarantines(tmp_path: Path, make_target
         assert table_rows(settings, store.url, TABLE) is None
 
 
-Hook = Callable[[], None]
+class _ParkingLease(ManualLease):
+    """A lease whose check, when the catalog thread calls it just before committing, parks until released."""
+
+    def __init__(self, name: str, epoch: int) -> None:
+        super().__init__(name, epoch)
+        self.parked = threading.Event()
+        self.go = threading.Event()
+
+    def check(self) -> None:
+        super().check()
+        if threading.current_thread() is not threading.main_thread():
+            self.parked.set()
+            assert self.go.wait(20), "never released"
+
+
+async def _until(cond: Callable[[], bool]) -> None:
+    deadline = asyncio.get_running_loop().time() + 20
+    while not cond():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.005)
+
+
+_ORDERS = st.permutations(["a_read", "a_commit", "b_read", "b_commit"]).filter(
+    lambda p: p.index("a_read") < p.index("a_commit") and p.index("b_read") < p.index("b_commit")
+)
+
+
+@hyp_settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(order=_ORDERS, mode=st.sampled_from(["append", "create", "overwrite"]), table_first=st.booleans())
+async def test_two_holders_interleaved_land_one_snapshot_never_two(
+    tmp_path_factory: pytest.TempPathFactory, order: list[str], mode: str, table_first: bool
+) -> None:
+    from shared.commit import StepContext
+
+    tmp = tmp_path_factory.mktemp("two")
+    target = StoreTarget("local", (tmp / "store").as_uri(), StoreSettings())
+    settings = table_settings(target, tmp)
+    async with target.open() as store:
+        prior = await stage_parquet_job(store, "orders", "job-0")
+        if table_first or mode != "create":
+            step0 = prior.step(TableBinding(table=TABLE, mode="create"))
+            assert (
+                await commit_dataset(
+                    store, prior.req, ManualLease("orders", 1), settings, extra_steps=[step0]
+                )
+            ).ok
+        job = await stage_parquet_job(store, "orders", "job-1")
+        # Publish the job's files as a commit does, then let two holders race the table step alone.
+        for w in job.req.winners:
+            for f in w.files:
+                src = staged_key("job-1", "orders", w.task, w.attempt, f.path)
+                await store.copy(src, published_key("orders", "job-1", w.task, f.path))
+        step = job.step(TableBinding(table=TABLE, mode=mode))  # type: ignore[arg-type]
+        leases = {"a": _ParkingLease("orders", 2), "b": _ParkingLease("orders", 3)}
+        tasks: dict[str, asyncio.Task[bool]] = {}
+        for event in order:
+            who, what = event.split("_")
+            lease = leases[who]
+            if what == "read":
+                ctx = StepContext(store=store, lease=lease, settings=settings)
+                tasks[who] = asyncio.create_task(step.ensure(ctx))
+                await _until(lambda t=tasks[who], lease=lease: lease.parked.is_set() or t.done())  # type: ignore[misc]
+            else:
+                lease.go.set()
+                await _until(tasks[who].done)
+        landed = [await tasks["a"], await tasks["b"]]
+        assert sorted(landed) == [False, True], (order, landed)
+        snaps = job_snapshots(settings, store.url, TABLE)
+        assert snaps.count(("orders", "job-1")) == 1, snaps
+        had_prior = table_first or mode != "create"
+        want = [job.rows] if mode == "overwrite" or not had_prior else [prior.rows, job.rows]
+        assert table_rows(settings, store.url, TABLE) == sorted_rows(*want)
