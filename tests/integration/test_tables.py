@@ -144,6 +144,7 @@ async def test_crash_at_every_storage_and_catalog_operation_then_another_owner_r
             assert res.ok, (point, res)
             winners.append((binding.table, job))
         await assert_exactly_once(store, *(j.staged for _, j in winners))
+        assert (await audit(store, settings=settings)).ok
         for table in {t for t, _ in winners}:
             mine = [j for t, j in winners if t == table]
             snaps = job_snapshots(settings, store.url, table)
@@ -254,6 +255,7 @@ async def test_overwrite_keeps_only_the_last_jobs_rows_and_a_crash_before_the_ma
         res = await commit_dataset(store, last.req, ManualLease("orders", 3), settings, extra_steps=[step])
         assert res.ok, res
         await assert_exactly_once(store, first.staged, last.staged)
+        assert (await audit(store, settings=settings, tables={"orders": TABLE})).ok
         assert job_snapshots(settings, store.url, TABLE) == [("orders", "job-1"), ("orders", "job-2")]
         assert table_rows(settings, store.url, TABLE) == sorted_rows(last.rows)
 
@@ -363,3 +365,38 @@ async def test_two_holders_interleaved_land_one_snapshot_never_two(
         had_prior = table_first or mode != "create"
         want = [job.rows] if mode == "overwrite" or not had_prior else [prior.rows, job.rows]
         assert table_rows(settings, store.url, TABLE) == sorted_rows(*want)
+
+
+async def test_the_audit_checks_each_manifest_has_one_snapshot_and_each_snapshot_a_manifest(
+    tmp_path: Path, make_target: MakeTarget, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = make_target("local")
+    settings = table_settings(target, tmp_path)
+    async with target.open() as store:
+        bound = await stage_parquet_job(store, "orders", "job-1")
+        step = bound.step(TableBinding(table=TABLE, mode="create"))
+        assert (
+            await commit_dataset(store, bound.req, ManualLease("orders", 1), settings, extra_steps=[step])
+        ).ok
+        assert (await audit(store, settings=settings, tables={"orders": TABLE})).ok
+        # A commit of the dataset that did not go through the table: its manifest has no snapshot.
+        unbound = await stage_parquet_job(store, "orders", "job-2")
+        assert (await commit_dataset(store, unbound.req, ManualLease("orders", 2), settings)).ok
+        report = await audit(store, settings=settings, tables={"orders": TABLE})
+        assert [(v.kind, v.key) for v in report.violations] == [
+            ("missing_snapshot", "orders/_commits/job-2.json")
+        ]
+        # A snapshot whose sequence is open is in flight, not a violation; once the log is gone it is.
+        third = await stage_parquet_job(store, "orders", "job-3")
+        _catalog_crash(monkeypatch, "after")
+        step3 = third.step(TableBinding(table=TABLE, mode="append"))
+        await expect_crash(
+            commit_dataset(store, third.req, ManualLease("orders", 3), settings, extra_steps=[step3])
+        )
+        report = await audit(store, settings=settings)  # the open log's table step names the table
+        assert {v.kind for v in report.violations} == {"unfinished_sequence", "missing_snapshot"}
+        await store.delete("_wal/orders/job-3.json")
+        report = await audit(store, settings=settings, tables={"orders": TABLE})
+        assert ("snapshot_without_manifest", "orders/_commits/job-3.json") in [
+            (v.kind, v.key) for v in report.violations
+        ]
