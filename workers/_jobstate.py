@@ -275,8 +275,10 @@ def decide(state: ShardJobs, ev: QueueEvent, *, now: float, default_timeout: flo
             opened = _open_job(ev.job, ev.datasets, now, ev.timeout_s, ev.app)
             return Decision(job=msgspec.structs.replace(opened, tables=dict(ev.tables)))
         new = _with_datasets(meta, ev.datasets)
-        if ev.tables and not meta.tables:  # the start came after a task's report: keep its bindings
-            new = msgspec.structs.replace(new, tables=dict(ev.tables))
+        if ev.tables.keys() - new.tables.keys():
+            # A start after a task's report, or a producer binding a dataset as it writes it
+            # (a repeated job_started): new bindings are added, a dataset's first one stays.
+            new = msgspec.structs.replace(new, tables={**ev.tables, **new.tables})
         return Decision(
             job=new if new is not meta else None, note="" if new is not meta else "duplicate start"
         )
