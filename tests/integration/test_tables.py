@@ -320,11 +320,35 @@ _ORDERS = st.permutations(["a_read", "a_commit", "b_read", "b_commit"]).filter(
 )
 
 
-@hyp_settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(order=_ORDERS, mode=st.sampled_from(["append", "create", "overwrite"]), table_first=st.booleans())
+_HOLDERS = {
+    "order": _ORDERS,
+    "mode": st.sampled_from(["append", "create", "overwrite"]),
+    "table_first": st.booleans(),
+}
+_FIXTURE_OK = [HealthCheck.function_scoped_fixture]
+
+
+@hyp_settings(max_examples=8, deadline=None, suppress_health_check=_FIXTURE_OK)
+@given(**_HOLDERS)
 async def test_two_holders_interleaved_land_one_snapshot_never_two(
     tmp_path_factory: pytest.TempPathFactory, order: list[str], mode: str, table_first: bool
 ) -> None:
+    await _two_holders(tmp_path_factory, order, mode, table_first)
+
+
+@pytest.mark.stress
+@hyp_settings(max_examples=60, deadline=None, suppress_health_check=_FIXTURE_OK)
+@given(**_HOLDERS)
+async def test_two_holders_interleaved_many_examples(
+    tmp_path_factory: pytest.TempPathFactory, order: list[str], mode: str, table_first: bool
+) -> None:
+    await _two_holders(tmp_path_factory, order, mode, table_first)
+
+
+async def _two_holders(
+    tmp_path_factory: pytest.TempPathFactory, order: list[str], mode: str, table_first: bool
+) -> None:
+    """Holder a and b run the same table step; ``order`` interleaves their reads and commits."""
     from shared.commit import StepContext
 
     tmp = tmp_path_factory.mktemp("two")
