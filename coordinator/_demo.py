@@ -5,10 +5,12 @@
 3. Fleet: a coordinator and two workers, as separate processes.
 4. Job 1, a real PySpark job (local mode, task retries on): three datasets;
    one task of ``orders`` fails once after it published, so a retried attempt
-   exists and must win.
+   exists and must win. ``orders`` is bound to the Iceberg table
+   ``demo.orders`` (created by this commit; SQL catalog in the store).
 5. Job 2 writes a dataset, then raises: it is rolled back.
 6. Live: the admin events as they arrive; at the end an audit table proving
-   each dataset was committed exactly once and the failed job left nothing.
+   each dataset was committed exactly once and the failed job left nothing;
+   the table's row count and snapshot history.
 
 Every process the demo started is stopped on the way out. Exit code 0 only
 when every check passed.
@@ -44,6 +46,8 @@ from ._status import fleet_status
 DATASETS = ("orders", "customers", "clicks")
 FAILED_DATASET = "refunds"
 PARTITIONS = 4
+ROWS = 4000
+TABLE = "demo.orders"  # 'orders' is bound to this Iceberg table (created by its first commit)
 
 # Spark's log for the demo: errors only, one line each. With Spark's default
 # profile the injected task failure prints two full Java + Python stack traces;
@@ -144,13 +148,15 @@ def _spark_jobs(settings: Settings, console: Console, tmp: Path) -> tuple[str, s
     quiet = {"spark.driver.defaultJavaOptions": f"-Dlog4j2.configurationFile={log_conf.as_uri()}"}
     spark = local_spark_session("commitfleet-demo", master="local[2,2]", extra_conf=quiet, tmp_dir=tmp)
     try:
-        df = spark.range(0, 4000, numPartitions=PARTITIONS).withColumn("amount", (F.col("id") % 97) * 1.5)
+        df = spark.range(0, ROWS, numPartitions=PARTITIONS).withColumn("amount", (F.col("id") % 97) * 1.5)
         console.print(
             f"job 1: writing {', '.join(DATASETS)} ({PARTITIONS} tasks each; "
             "task 1 of 'orders' fails once after publishing)"
         )
         with commit_job(spark, datasets=DATASETS, config=config) as job:
-            job.write_dataset(df, "orders", watermarks=max_watermark("id"), fail_once_tasks={1})
+            job.write_dataset(
+                df, "orders", watermarks=max_watermark("id"), fail_once_tasks={1}, table=TABLE, mode="create"
+            )
             job.write_dataset(df.where("id % 3 = 0"), "customers", watermarks=max_watermark("id"))
             job.write_dataset(df.where("id % 5 = 0"), "clicks", watermarks=max_watermark("id"))
             good = job.job_id
@@ -192,7 +198,7 @@ async def _verify(settings: Settings, good: str, bad: str, printer: _EventPrinte
                 return steps == len(DATASETS) + 2
 
             await _wait(done, printer, 120, "the commits and the rollback")
-        report = await audit(store)
+        report = await audit(store, settings=settings)
         table = Table("dataset", "job", "files", "bytes", "watermark id", "exactly once", title="Audit")
         ok = report.ok
         for ds in DATASETS:
@@ -231,12 +237,46 @@ async def _verify(settings: Settings, good: str, bad: str, printer: _EventPrinte
             f"orders task 1: {attempts} published attempts, winner attempt {winner} "
             + ("[green](the retried attempt won)[/]" if retried else "[red](expected a retried winner)[/]")
         )
-        ok = ok and retried
+        ok = ok and retried and await _show_table(settings, good, console)
         console.print(
             f"audit: {report.manifests} manifests, {report.files} files, {report.bytes} bytes, "
             f"{len(report.violations)} violations"
         )
         return ok
+
+
+async def _show_table(settings: Settings, job: str, console: Console) -> bool:
+    """Print the Iceberg table 'orders' is bound to: row count and snapshot history; True when as expected."""
+    from shared.commit._catalog_ops import JOB_PROPERTY, load_table, open_catalog
+
+    def read() -> tuple[int, list[tuple[int, str, str]]]:
+        tbl = load_table(open_catalog(settings, settings.store.url), TABLE)
+        if tbl is None:
+            return 0, []
+        history = [
+            (
+                s.snapshot_id,
+                str(s.summary.operation.value if s.summary else ""),
+                s.summary.get(JOB_PROPERTY, ""),
+            )
+            for s in tbl.metadata.snapshots
+            if s.summary is not None
+        ]
+        return tbl.scan().to_arrow().num_rows, history
+
+    rows, history = await asyncio.to_thread(read)
+    for snap, op, by in history:
+        console.print(f"table {TABLE}: snapshot {snap} {op} by job {by}")
+    good = rows == ROWS and [by for _, _, by in history] == [job]
+    console.print(
+        f"table {TABLE}: {rows} rows, {len(history)} snapshot(s) "
+        + (
+            "[green](each row once, one snapshot)[/]"
+            if good
+            else "[red](expected one snapshot of every row)[/]"
+        )
+    )
+    return good
 
 
 async def _orders_task1(settings: Settings, job: str) -> tuple[int, int | None]:

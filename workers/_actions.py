@@ -24,14 +24,17 @@ from shared.commit import (
     CommitRequest,
     CommitResult,
     CommitStepFailed,
+    CommitToTable,
     WinningAttempt,
     abort_dataset,
     cleanup_staged_attempt,
     commit_dataset,
     read_manifest,
     recover_dataset,
+    resolve_binding,
     retry_quarantined,
     skip_quarantined,
+    table_step,
 )
 from shared.events import (
     CommitStarted,
@@ -179,10 +182,18 @@ class ActionsMixin:
                 )
             )
             await checkpoint("commit.locked")
-            result = await commit_dataset(ctx.store, req, lease, ctx.settings)
+            result = await commit_dataset(
+                ctx.store, req, lease, ctx.settings, extra_steps=self._table_steps(req)
+            )
             await self._after_commit(result, lease.epoch)
 
         await self._locked(work.dataset, body)
+
+    def _table_steps(self, req: CommitRequest) -> list[CommitToTable]:
+        """The table step of a bound dataset (the job's binding, else the fleet's), else none."""
+        meta = self.state.jobs.get(req.job)
+        binding = resolve_binding(self.ctx.settings, req.dataset, meta.tables if meta is not None else None)
+        return [] if binding is None else [table_step(req, binding)]
 
     async def _commit_without_plan(self, work: Commit) -> None:
         """A commit whose winners the job state lacks: finish it from the store, or say why not.

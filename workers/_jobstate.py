@@ -33,6 +33,7 @@ from shared.events import (
     QueueEvent,
     RejectReason,
     StagedFile,
+    TableBinding,
     TaskFinished,
 )
 
@@ -82,6 +83,8 @@ class JobMeta(msgspec.Struct, frozen=True, kw_only=True):
     deadline: float
     datasets: dict[str, DatasetState]
     app: str = ""
+    # Datasets bound to Iceberg tables by the producer (job_started); see docs/tables.md.
+    tables: dict[str, TableBinding] = msgspec.field(default_factory=dict)
 
     @property
     def timeout_s(self) -> float:
@@ -269,8 +272,13 @@ def decide(state: ShardJobs, ev: QueueEvent, *, now: float, default_timeout: flo
     meta = state.jobs.get(ev.job)
     if isinstance(ev, JobStarted):
         if meta is None:
-            return Decision(job=_open_job(ev.job, ev.datasets, now, ev.timeout_s, ev.app))
+            opened = _open_job(ev.job, ev.datasets, now, ev.timeout_s, ev.app)
+            return Decision(job=msgspec.structs.replace(opened, tables=dict(ev.tables)))
         new = _with_datasets(meta, ev.datasets)
+        if ev.tables.keys() - new.tables.keys():
+            # A start after a task's report, or a producer binding a dataset as it writes it
+            # (a repeated job_started): new bindings are added, a dataset's first one stays.
+            new = msgspec.structs.replace(new, tables={**ev.tables, **new.tables})
         return Decision(
             job=new if new is not meta else None, note="" if new is not meta else "duplicate start"
         )

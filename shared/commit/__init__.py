@@ -8,6 +8,7 @@ See docs/commit.md.
 
 from ._abort import abort_dataset, cleanup_staged_attempt
 from ._audit import AuditReport, AuditViolation, ViolationKind, audit
+from ._catalog import CommitToTable, resolve_binding, table_step
 from ._commit import commit_dataset
 from ._errors import CommitStepFailed
 from ._execute import describe_step, execute_sequence
@@ -41,6 +42,7 @@ __all__ = [
     "CommitSequence",
     "CommitStep",
     "CommitStepFailed",
+    "CommitToTable",
     "Manifest",
     "ManifestFile",
     "Phase",
@@ -71,6 +73,8 @@ __all__ = [
     "read_watermarks",
     "recover_dataset",
     "register_step_kind",
+    "resolve_binding",
     "retry_quarantined",
     "skip_quarantined",
+    "table_step",
 ]

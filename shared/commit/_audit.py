@@ -15,6 +15,12 @@ It reads only; it never repairs. Kinds of violation (``AuditViolation.kind``):
   for that dataset (or is in ``ended_jobs``) and no sequence is running for it.
 - ``unfinished_sequence`` / ``quarantined_sequence``: a log under ``_wal/``.
 - ``watermark_behind``: a watermark below what a manifest committed (or missing).
+- Bound datasets (``settings.tables.bindings``, ``tables``, and the table
+  steps of open sequences): ``missing_snapshot`` (a manifest whose job no
+  snapshot of the table carries), ``duplicate_snapshot`` (two snapshots carry
+  it), ``snapshot_without_manifest`` (a snapshot of a job with neither
+  manifest nor open sequence). A dataset bound after its first commits
+  reports those earlier manifests as missing their snapshots.
 
 Locks under ``_locks/`` are fine to leave and are not reported.
 """
@@ -22,15 +28,18 @@ Locks under ``_locks/`` are fine to leave and are not reported.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Literal
 
 import msgspec
 
 from .._errors import BadInput, NotFound
+from .._settings import Settings
 from ..events import commits_prefix, parse_staged_key, staging_prefix, wal_prefix, watermarks_key
 from ..storage import ObjectInfo, ObjectStore
 from ._bounded import for_each_bounded
+from ._catalog import CommitToTable
+from ._catalog_audit import table_violations
 from ._errors import CommitStepFailed
 from ._publish import PublishFile
 from ._registry import StepRegistry
@@ -57,6 +66,9 @@ ViolationKind = Literal[
     "unfinished_sequence",
     "quarantined_sequence",
     "watermark_behind",
+    "missing_snapshot",
+    "duplicate_snapshot",
+    "snapshot_without_manifest",
 ]
 
 
@@ -117,11 +129,15 @@ async def audit(
     *,
     ended_jobs: Iterable[str] = (),
     registry: StepRegistry | None = None,
+    settings: Settings | None = None,
+    tables: Mapping[str, str] | None = None,
 ) -> AuditReport:
     """List the whole store and check it (see the module doc).
 
     ``ended_jobs`` names jobs known to have ended (aborted or committed): any
     staged file of theirs is a leftover unless a sequence of theirs is open.
+    ``settings`` (its ``tables`` catalog and bindings) and ``tables``
+    (dataset -> table, more bindings) turn on the table checks.
 
     Returns:
         An :class:`AuditReport`; ``report.ok`` when the store is consistent.
@@ -159,6 +175,7 @@ async def audit(
 
     # Open sequences: what they are publishing is theirs, not "unlisted".
     in_flight: set[str] = set()
+    bound: set[tuple[str, str]] = set()  # (dataset, table) of open sequences' table steps
     open_jobs: set[tuple[str, str]] = set()
     for key in wal_keys:
         parts = key.split("/")
@@ -176,6 +193,7 @@ async def audit(
             out.append(AuditViolation(kind="unreadable_sequence", key=key, detail=str(exc)))
             continue
         in_flight.update(s.dst for s in seq.steps if isinstance(s, PublishFile))
+        bound.update((s.dataset, s.table) for s in seq.steps if isinstance(s, CommitToTable))
         if seq.quarantined is not None:
             out.append(
                 AuditViolation(
@@ -277,6 +295,15 @@ async def audit(
                         detail=f"{name} is {current.get(name)}, a manifest committed {value}",
                     )
                 )
+
+    if settings is not None:
+        wanted_tables = {d: b.table for d, b in settings.tables.bindings.items()}
+        wanted_tables.update(tables or {})
+        wanted_tables.update(dict(bound))
+        for kind, key, detail in await table_violations(
+            settings, store.url, wanted_tables, committed, open_jobs
+        ):
+            out.append(AuditViolation(kind=kind, key=key, detail=detail))  # type: ignore[arg-type]
 
     return AuditReport(
         violations=out, datasets=len(datasets), manifests=len(committed), files=files, bytes=total

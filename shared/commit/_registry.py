@@ -17,12 +17,19 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from ._catalog import CommitToTable
 from ._errors import CommitStepFailed
 from ._publish import PublishFile
 from ._steps import PHASES, Cleanup, CommitStep, WriteManifest
 from ._watermarks import AdvanceWatermarks
 
-BUILTIN_STEPS: tuple[type[CommitStep], ...] = (PublishFile, AdvanceWatermarks, WriteManifest, Cleanup)
+BUILTIN_STEPS: tuple[type[CommitStep], ...] = (
+    PublishFile,
+    AdvanceWatermarks,
+    WriteManifest,
+    Cleanup,
+    CommitToTable,
+)
 
 S = TypeVar("S", bound=type[CommitStep])
 

@@ -10,7 +10,7 @@ pattern, safe paths, cross-field consistency) live in :mod:`._validation`.
 from __future__ import annotations
 
 from collections.abc import Set as AbstractSet
-from typing import Annotated, Final
+from typing import Annotated, Final, Literal
 
 import msgspec
 
@@ -105,6 +105,28 @@ class DatasetExpectation(
     winners: list[Index] | None = None
 
 
+TableName = Annotated[
+    str,
+    msgspec.Meta(
+        description="Iceberg table identifier: namespace(s) and name, dot-separated.",
+        extra_json_schema={"pattern": r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)+$"},
+    ),
+]
+TableMode = Literal["append", "create", "overwrite"]
+
+
+class TableBinding(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """A dataset bound to an Iceberg table: its commit of a job lands as exactly one snapshot.
+
+    ``mode``: ``append`` (the table exists), ``create`` (created from the first
+    commit's Parquet schema together with that commit's snapshot; later commits
+    append), ``overwrite`` (the job's files replace the table's contents).
+    """
+
+    table: TableName
+    mode: TableMode = "append"
+
+
 class _QueueEvent(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True, tag_field="type"):
     v: Version = SCHEMA_VERSION
     job: JobId
@@ -117,6 +139,10 @@ class JobStarted(_QueueEvent, frozen=True, kw_only=True, tag="job_started"):
     timeout_s: Annotated[float, msgspec.Meta(gt=0, description="Abort the job if it has not ended by then.")]
     started_at: Timestamp
     app: str = ""
+    tables: Annotated[
+        dict[DatasetName, TableBinding],
+        msgspec.Meta(description="Datasets bound to Iceberg tables (each a declared dataset)."),
+    ] = {}
 
 
 class TaskFinished(_QueueEvent, frozen=True, kw_only=True, tag="task_finished"):

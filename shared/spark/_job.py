@@ -30,6 +30,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from .._errors import BadInput, CommitfleetError
 from ..events import (
     DatasetExpectation,
@@ -37,6 +39,7 @@ from ..events import (
     JobFailed,
     JobStarted,
     QueueEvent,
+    TableBinding,
     check_job,
 )
 from ..queue import DatasetResult
@@ -47,6 +50,7 @@ from ._outcome import Heartbeat
 from ._partitions import check_partition_columns
 from ._preflight import run_preflight
 from ._publishing import publish, resolve_shards
+from ._tables import check_binding
 from ._winners import TaskResult, expectation_from_results, looks_cancelled
 from ._writer import Watermarks, WriteSpec, write_partition
 
@@ -77,6 +81,8 @@ class JobContext(FinishMixin):
         self._datasets = datasets
         self._config = config
         self._expectations: dict[str, DatasetExpectation] = {}
+        self._tables: dict[str, TableBinding] = {}
+        self._started: JobStarted | None = None  # as published on entry; re-sent with each new binding
         self._writing: set[str] = set()
         self._lock = threading.Lock()
         self._cancel_reason: str | None = None
@@ -129,6 +135,8 @@ class JobContext(FinishMixin):
         partition_by: Sequence[str] | None = None,
         compression: str = "snappy",
         fail_once_tasks: Iterable[int] = (),
+        table: str | None = None,
+        mode: str = "append",
     ) -> list[TaskResult]:
         """Stage ``df`` as the job's output for ``dataset``: one Spark action, one task per partition.
 
@@ -148,21 +156,36 @@ class JobContext(FinishMixin):
             The dataset's expectation is recorded for ``JobFinished``.
 
         Raises:
-            BadInput: unknown or already written dataset, bad ``partition_by``.
+            BadInput: unknown or already written dataset, bad ``partition_by``,
+                bad ``table`` or ``mode``.
             JobCancelledError: :meth:`cancel` was called before the action.
             Whatever the Spark action raises (a failed task after its retries,
             or the cancellation of the job group).
+
+        ``table`` binds the dataset to an Iceberg table (``namespace.name``):
+        the fleet lands this job's commit of it as exactly one snapshot, in
+        ``mode`` ``append``, ``create`` (the first commit creates the table) or
+        ``overwrite``. The binding is sent (a repeated ``JobStarted``) before
+        the action runs.
 
         Blocks for the whole action; :meth:`cancel` from another thread (or
         Ctrl-C, which ``commit_job`` turns into a cancel) interrupts it.
         """
         if dataset not in self._datasets:
             raise BadInput(f"dataset {dataset!r} was not declared for job {self._job_id}")
+        binding = None if table is None else check_binding(dataset, table, mode)
+        started: JobStarted | None = None
         with self._lock:
             if dataset in self._expectations or dataset in self._writing:
                 raise BadInput(f"dataset {dataset!r} is already written by job {self._job_id}")
             self._writing.add(dataset)
+            if binding is not None and self._started is not None:
+                self._tables[dataset] = binding
+                started = msgspec.structs.replace(self._started, tables=dict(self._tables))
         try:
+            if started is not None:
+                # The fleet keeps a dataset's first binding; JobFinished comes after this on the same shards.
+                self._publish(started)
             return self._write(df, dataset, watermarks, partition_by, compression, fail_once_tasks)
         finally:
             with self._lock:
@@ -328,15 +351,14 @@ def commit_job(
     ctx = JobContext(spark, job, names, resolved)
     run_preflight(spark, job, resolved)  # executors can import, write, reach Redis (spark: _preflight.py)
     saved = ctx._group_properties()
-    ctx._publish(
-        JobStarted(
-            job=job,
-            datasets=list(names),
-            timeout_s=resolved.job_timeout,
-            started_at=time.time(),
-            app=resolved.app,
-        )
+    ctx._started = JobStarted(
+        job=job,
+        datasets=list(names),
+        timeout_s=resolved.job_timeout,
+        started_at=time.time(),
+        app=resolved.app,
     )
+    ctx._publish(ctx._started)
     heartbeat = Heartbeat(resolved, job, names, on_beat=ctx._on_beat)
     heartbeat.start()
     try:

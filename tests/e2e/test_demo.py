@@ -123,6 +123,7 @@ def test_demo_passes_and_leaves_no_process_behind(tmp_path: Path) -> None:
 
         assert code == 0, output[-6000:]
         assert "demo passed" in output, output[-6000:]
+        assert "table demo.orders: 4000 rows, 1 snapshot(s)" in output, output[-6000:]
 
         port = re.search(r"redis redis://127\.0\.0\.1:(\d+)/0", output)
         assert port, "the demo names the Redis it started"

@@ -37,7 +37,9 @@ from shared.events import (
     JobCancelled,
     JobFailed,
     JobFinished,
+    JobStarted,
     QueueEvent,
+    TableBinding,
     TaskFinished,
     ValidationLimits,
     decode_entry,
@@ -442,3 +444,43 @@ async def test_job_cancelled_from_another_thread_during_an_action_is_rolled_back
     assert {e.worker for e in evs} <= WORKERS
     report = await audit(store, ended_jobs=[job_id])
     assert report.ok, report.violations
+
+
+async def test_a_bound_and_an_unbound_dataset_the_table_scan_returns_each_row_once(
+    spark: Any, fleet: E2EFleet, r: redis.asyncio.Redis, store: ObjectStore
+) -> None:
+    from shared.commit._catalog_ops import JOB_PROPERTY, load_table, open_catalog
+
+    table = f"lake.e2e_{secrets.token_hex(4)}"
+    df = tagged_rows(spark, 3)
+    with commit_job(spark, datasets=["orders_tbl", "raw_tbl"], config=fleet.producer) as job:
+        won = job.write_dataset(df, "orders_tbl", table=table, mode="create", fail_once_tasks={1})
+        job.write_dataset(df.where("id % 2 = 0"), "raw_tbl")
+    job_id = job.job_id
+    assert [(w.task, w.attempt) for w in won] == [(0, 0), (1, 1), (2, 0)]
+    starts = [e for e in await events_of(r, fleet, job_id) if isinstance(e, JobStarted)]
+    assert any(e.tables.get("orders_tbl") == TableBinding(table=table, mode="create") for e in starts)
+
+    async def committed() -> bool:
+        for ds in ("orders_tbl", "raw_tbl"):
+            if await read_manifest(store, ds, job_id) is None or await keys_under(store, f"_wal/{ds}/"):
+                return False
+        return True
+
+    await wait_for(committed, timeout=60, what="both datasets committed")
+    tbl = load_table(open_catalog(fleet.settings, fleet.settings.store.url), table)
+    assert tbl is not None, "the bound dataset's table was created by its first commit"
+    assert [s.summary.get(JOB_PROPERTY) for s in tbl.metadata.snapshots if s.summary] == [job_id]
+    rows = tbl.scan().to_arrow().sort_by("id")
+    assert rows.column("id").to_pylist() == list(range(ROWS)), "each row once, the loser's never"
+    # Task 1's rows come from its retried attempt, the winner.
+    assert {
+        a
+        for i, a in zip(rows.column("id").to_pylist(), rows.column("attempt").to_pylist(), strict=True)
+        if 80 <= i < 160
+    } == {1}
+    report = await audit(store, settings=fleet.settings, tables={"orders_tbl": table})
+    kinds = ("missing_snapshot", "duplicate_snapshot", "snapshot_without_manifest")
+    assert not [v for v in report.violations if v.kind in kinds], report.violations
+    # The unbound dataset is files and a manifest only.
+    assert await read_manifest(store, "raw_tbl", job_id) is not None

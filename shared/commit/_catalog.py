@@ -1,0 +1,157 @@
+"""The table step: a bound dataset's commit lands as exactly one Iceberg snapshot.
+
+:class:`CommitToTable` runs in the ``apply`` phase, so after every file is
+published (and the log fenced) and before the manifest: the snapshot is the
+point of visibility for table readers, the manifest still proves the whole
+commit. Abort never runs it (an aborted job has no sequence), so abort never
+touches the table.
+
+Done means: a snapshot of the table carries this job's ``commitfleet.job``
+and ``commitfleet.dataset`` properties. ``ensure`` reads the table, and when
+the job is not there, commits one transaction based on that read
+(``append``: pyiceberg ``add_files``; ``create``: the table created from the
+first file's Parquet schema together with the append, so a job that never
+gets here leaves no table; ``overwrite``: every current data file replaced by
+the job's, in one snapshot). A stale holder and a new one can never both land:
+the later commit fails the catalog's requirement, re-reads, and finds the job
+done (see :mod:`._catalog_ops`).
+
+pyiceberg blocks; its calls run in a thread. On cancel the step waits (up to
+``tables.call_timeout``) for the call in flight, so a holder that stopped
+makes no change afterwards; whatever the call did, the next holder's check
+reads it from the catalog (recovery verifies every step).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from typing import ClassVar, TypeVar
+
+from .._errors import CommitfleetError
+from .._settings import Settings, TableMode
+from ..events import TableBinding, published_key
+from ._catalog_ops import classify, commit_files, job_snapshot, load_table, open_catalog
+from ._model import CommitRequest
+from ._steps import CommitStep, Phase, StepContext
+
+T = TypeVar("T")
+
+PARQUET_SUFFIX = ".parquet"
+
+
+def _guarded(fn: Callable[[], T], what: str) -> Callable[[], T]:
+    """Return ``fn`` with every failure that is not ours turned into a commitfleet error (see classify)."""
+
+    def run() -> T:
+        try:
+            return fn()
+        except CommitfleetError:
+            raise
+        except Exception as exc:  # pyiceberg, SQLAlchemy, the store SDKs: classified, never swallowed
+            raise classify(exc, what) from exc
+
+    return run
+
+
+async def in_thread(fn: Callable[[], T], wait_on_cancel: float) -> T:
+    """Run the blocking ``fn`` in a thread and return its result.
+
+    Raises: what ``fn`` raises. On cancel: waits up to ``wait_on_cancel``
+    seconds for ``fn`` to end (it cannot be interrupted), then re-raises.
+    """
+    fut = asyncio.ensure_future(asyncio.to_thread(fn))
+    try:
+        return await asyncio.shield(fut)
+    except asyncio.CancelledError:
+        # No change of this holder may land after it stopped: let the call end first.
+        await asyncio.wait({fut}, timeout=wait_on_cancel)
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+        raise
+
+
+class CommitToTable(CommitStep, frozen=True, kw_only=True, tag="table"):
+    """Land the job's published Parquet files (``files``: store keys) as one snapshot of ``table``."""
+
+    phase: ClassVar[Phase] = "apply"
+
+    dataset: str
+    job: str
+    table: str
+    mode: TableMode = "append"
+    files: list[str]
+
+    def uris(self, store_url: str) -> list[str]:
+        """Return the files' full URIs under the store root ``store_url``."""
+        root = store_url.rstrip("/")
+        return [f"{root}/{key}" for key in self.files]
+
+    async def is_done(self, ctx: StepContext) -> bool:
+        """Return True when a snapshot of the table carries this job's commit of the dataset.
+
+        Raises:
+            CommitStepFailed: pyiceberg missing or the catalog misconfigured.
+            TransientError / OutcomeUnknown: the catalog failed.
+        """
+        settings, url = ctx.settings, ctx.store.url
+
+        def check() -> bool:
+            tbl = load_table(open_catalog(settings, url), self.table)
+            return tbl is not None and job_snapshot(tbl, self.dataset, self.job) is not None
+
+        return await in_thread(_guarded(check, f"table {self.table}"), settings.tables.call_timeout)
+
+    async def execute(self, ctx: StepContext) -> None:
+        """Land the snapshot unless it is there. Raises as :meth:`ensure`."""
+        await self.ensure(ctx)
+
+    async def ensure(self, ctx: StepContext) -> bool:
+        """Check and commit in one optimistic transaction based on the read (see the module doc).
+
+        Returns:
+            True when this call landed the snapshot, False when it was there.
+
+        Raises:
+            CommitStepFailed: bad input (schema mismatch, table missing in
+                append/overwrite, nothing to create from): quarantine.
+            TransientError: lost to another job's concurrent commit, or the
+                catalog failed; the retry re-checks.
+            OutcomeUnknown: the catalog could not say; the retry re-checks.
+            LockLost / Fenced: the lease, checked just before the commit.
+        """
+        settings, url = ctx.settings, ctx.store.url
+        ctx.lease.check()
+
+        def land() -> bool:
+            cat = open_catalog(settings, url)
+            return commit_files(
+                cat, self.table, self.mode, self.dataset, self.job, self.uris(url), ctx.lease.check
+            )
+
+        return await in_thread(_guarded(land, f"table {self.table}"), settings.tables.call_timeout)
+
+
+def resolve_binding(
+    settings: Settings, dataset: str, job_tables: Mapping[str, TableBinding] | None = None
+) -> TableBinding | None:
+    """Return the dataset's binding: the job's own (``job_started``), else the fleet's settings, else None."""
+    if job_tables and dataset in job_tables:
+        return job_tables[dataset]
+    fleet = settings.tables.bindings.get(dataset)
+    return None if fleet is None else TableBinding(table=fleet.table, mode=fleet.mode)
+
+
+def table_step(req: CommitRequest, binding: TableBinding) -> CommitToTable:
+    """Return the table step of ``req``: its winners' published Parquet files (named as by plan_commit)."""
+    files = [
+        published_key(req.dataset, req.job, w.task, f.path)
+        for w in sorted(req.winners, key=lambda w: w.task)
+        for f in w.files
+        if f.path.endswith(PARQUET_SUFFIX)
+    ]
+    return CommitToTable(
+        dataset=req.dataset, job=req.job, table=binding.table, mode=binding.mode, files=files
+    )
+
+
+__all__ = ["CommitToTable", "TableBinding", "in_thread", "resolve_binding", "table_step"]

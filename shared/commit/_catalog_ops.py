@@ -1,0 +1,264 @@
+"""The synchronous pyiceberg side of the table step: open the catalog, find a job's snapshot, commit.
+
+pyiceberg is imported lazily (it is the optional ``tables`` extra): a process
+that never meets a bound dataset does not need it. Everything here blocks and
+runs in a worker thread (see :mod:`._catalog`).
+
+Exactly once rests on two things: the check (a snapshot of the table carries
+this job's ``commitfleet.job`` / ``commitfleet.dataset`` properties) and the
+optimistic commit based on the metadata that check read (pyiceberg asserts
+the branch head, or the table's absence for a create). pyiceberg's own commit
+retry would rebase a refused append onto the new head and land it a second
+time, so it is switched off for our transactions (on a local copy of the
+metadata only: the table's properties in the catalog are not changed).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlsplit
+
+import msgspec
+
+from .._errors import OutcomeUnknown, TransientError
+from .._settings import Settings, TableMode
+from ._errors import CommitStepFailed
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
+    from pyiceberg.table import Table
+
+JOB_PROPERTY = "commitfleet.job"
+DATASET_PROPERTY = "commitfleet.dataset"
+
+_catalogs: dict[bytes, Catalog] = {}
+_catalogs_lock = threading.Lock()
+
+
+def _store_root(settings: Settings, store_url: str) -> str:
+    return (store_url or settings.store.url).rstrip("/")
+
+
+def catalog_properties(settings: Settings, store_url: str) -> dict[str, str]:
+    """Return the pyiceberg catalog properties ``settings.tables`` describes, for a store at ``store_url``.
+
+    The warehouse defaults to the store's ``_tables/warehouse`` folder, and the
+    file IO gets the store's S3 endpoint and region: the same store, the same
+    credentials (the SDK's standard places: AWS env vars, profiles, roles).
+
+    Raises:
+        CommitStepFailed: a SQL catalog without ``uri`` on a store that is not local.
+    """
+    t = settings.tables
+    root = _store_root(settings, store_url)
+    props: dict[str, str] = {"type": t.catalog}
+    uri = t.uri
+    if t.catalog == "sql" and not uri:
+        if not root.startswith("file://"):
+            raise CommitStepFailed("tables.uri must be set for a SQL catalog when the store is not local")
+        uri = "sqlite:///" + unquote(urlsplit(root).path) + "/_tables/catalog.db"
+    if uri:
+        props["uri"] = uri
+    props["warehouse"] = t.warehouse or f"{root}/_tables/warehouse"
+    if root.startswith("s3://"):
+        props["py-io-impl"] = "pyiceberg.io.pyarrow.PyArrowFileIO"
+        if settings.store.s3_endpoint_url:
+            props["s3.endpoint"] = settings.store.s3_endpoint_url
+        if settings.store.s3_region:
+            props["s3.region"] = settings.store.s3_region
+    props.update(t.properties)
+    return props
+
+
+def open_catalog(settings: Settings, store_url: str) -> Catalog:
+    """Return the catalog of ``settings.tables`` (one per configuration and process, then reused).
+
+    Blocking. Raises:
+        CommitStepFailed: pyiceberg is not installed, or the catalog is misconfigured.
+        TransientError: the catalog cannot be reached now.
+    """
+    props = catalog_properties(settings, store_url)
+    key = msgspec.json.encode([settings.tables.name, props])
+    with _catalogs_lock:
+        found = _catalogs.get(key)
+        if found is not None:
+            return found
+        try:
+            from pyiceberg.catalog import load_catalog
+        except ImportError as exc:
+            raise CommitStepFailed(
+                f"pyiceberg is not installed (pip install 'commitfleet[tables]'): {exc}"
+            ) from exc
+        if props.get("uri", "").startswith("sqlite:////"):
+            # SQLite creates the file, not its folder.
+            os.makedirs(os.path.dirname(props["uri"][len("sqlite:///") :]), exist_ok=True)
+        try:
+            cat = load_catalog(settings.tables.name, **props)
+        except (ValueError, TypeError, NotImplementedError) as exc:
+            raise CommitStepFailed(f"tables: catalog {settings.tables.catalog} misconfigured: {exc}") from exc
+        except OSError as exc:
+            raise TransientError(f"tables: catalog unreachable: {exc}") from exc
+        _catalogs[key] = cat
+        return cat
+
+
+def split_identifier(table: str) -> tuple[str, ...]:
+    """Return ``namespace..., name`` of ``table``. Raises CommitStepFailed on a malformed identifier."""
+    parts = tuple(table.split("."))
+    if len(parts) < 2 or not all(parts):
+        raise CommitStepFailed(f"table {table!r} is not namespace.name")
+    return parts
+
+
+def job_snapshot(tbl: Table, dataset: str, job: str) -> int | None:
+    """Return the id of the snapshot of ``tbl`` that carries this job's commit of ``dataset``, or None."""
+    for snap in tbl.metadata.snapshots:
+        summary = snap.summary
+        if (
+            summary is not None
+            and summary.get(JOB_PROPERTY) == job
+            and summary.get(DATASET_PROPERTY) == dataset
+        ):
+            return snap.snapshot_id
+    return None
+
+
+def load_table(cat: Catalog, table: str) -> Table | None:
+    """Return the table, or None when it does not exist. Blocking; raises as :func:`classify`."""
+    from pyiceberg.exceptions import NoSuchTableError
+
+    try:
+        return cat.load_table(split_identifier(table))
+    except NoSuchTableError:
+        return None
+
+
+def _strict(tbl: Table) -> Table:
+    """Return ``tbl`` with pyiceberg's commit retry off (local copy: see the module doc)."""
+    from pyiceberg.table import Table as _Table
+
+    props = {**tbl.metadata.properties, "commit.retry.num-retries": "0"}
+    md = tbl.metadata.model_copy(update={"properties": props})
+    return _Table(
+        tbl.name(), metadata=md, metadata_location=tbl.metadata_location, io=tbl.io, catalog=tbl.catalog
+    )
+
+
+def _arrow_schema(tbl_io: Any, path: str) -> Any:
+    import pyarrow.parquet as pq
+
+    with tbl_io.new_input(path).open() as stream:
+        return pq.read_schema(stream)
+
+
+def commit_files(
+    cat: Catalog,
+    table: str,
+    mode: TableMode,
+    dataset: str,
+    job: str,
+    paths: Sequence[str],
+    check: Callable[[], None],
+) -> bool:
+    """Make the job's snapshot exist: check, then one optimistic transaction based on what was read.
+
+    ``paths`` are the published Parquet files' full URIs; ``check`` is called
+    just before the commit (the lease). Blocking.
+
+    Returns:
+        True when this call committed the snapshot, False when it was there
+        (before, or landed by another holder whose commit beat ours).
+
+    Raises:
+        CommitStepFailed: bad input: the table is missing (not ``create``),
+            a file's schema does not match the table's, nothing to create from.
+        TransientError: our commit lost to a concurrent one of another job, or
+            the catalog/store failed; the retry re-checks.
+        OutcomeUnknown: the catalog could not say whether the commit landed.
+    """
+    from pyiceberg.exceptions import CommitFailedException, NoSuchNamespaceError
+
+    props = {JOB_PROPERTY: job, DATASET_PROPERTY: dataset}
+    ident = split_identifier(table)
+    tbl = load_table(cat, table)
+    if tbl is not None and job_snapshot(tbl, dataset, job) is not None:
+        return False
+    try:
+        if tbl is None:
+            if mode != "create":
+                raise CommitStepFailed(
+                    f"table {table} does not exist (mode {mode}; only 'create' creates it)"
+                )
+            if not paths:
+                raise CommitStepFailed(f"table {table}: mode create, but the job published no Parquet file")
+            from pyiceberg.io import load_file_io
+
+            schema = _arrow_schema(load_file_io(cat.properties, paths[0]), paths[0])
+            try:
+                cat.create_namespace_if_not_exists(ident[:-1])
+            except NoSuchNamespaceError as exc:  # a parent namespace missing in a nested catalog
+                raise CommitStepFailed(f"table {table}: {exc}") from exc
+            txn: Any = cat.create_table_transaction(ident, schema)
+            txn.add_files(list(paths), snapshot_properties=props, check_duplicate_files=False)
+        else:
+            txn = _strict(tbl).transaction()
+            if mode == "overwrite":
+                _overwrite(tbl, txn, paths, props)
+            else:
+                txn.add_files(list(paths), snapshot_properties=props, check_duplicate_files=False)
+        check()
+        txn.commit_transaction()
+    except CommitFailedException as exc:
+        again = load_table(cat, table)
+        if again is not None and job_snapshot(again, dataset, job) is not None:
+            return False  # another holder landed it between our read and our commit
+        raise TransientError(f"table {table}: a concurrent commit won ({exc}); re-checking") from exc
+    except ValueError as exc:
+        # pyiceberg's answer to a file whose schema the table cannot take.
+        raise CommitStepFailed(f"table {table}: schema mismatch: {exc}") from exc
+    return True
+
+
+def _overwrite(tbl: Table, txn: Any, paths: Sequence[str], props: dict[str, str]) -> None:
+    """Stage one ``overwrite`` snapshot: every current data file out, the job's files in."""
+    from pyiceberg.io.pyarrow import parquet_files_to_data_files
+    from pyiceberg.table import TableProperties
+
+    if txn.table_metadata.name_mapping() is None:
+        mapping = txn.table_metadata.schema().name_mapping
+        txn.set_properties(**{TableProperties.DEFAULT_NAME_MAPPING: mapping.model_dump_json()})
+    current = [task.file for task in tbl.scan().plan_files()]
+    with txn.update_snapshot(snapshot_properties=props).overwrite() as ow:
+        for f in current:
+            ow.delete_data_file(f)
+        for df in parquet_files_to_data_files(tbl.io, txn.table_metadata, iter(paths)):
+            ow.append_data_file(df)
+
+
+def classify(exc: Exception, what: str) -> Exception:
+    """Return the commitfleet error for a failure of a catalog call that is not one of ours.
+
+    An unknown-outcome from the catalog stays unknown (re-check, retry); any
+    other failure of the catalog or the store is transient (retried under the
+    commit budget, then quarantined with its reason).
+    """
+    name = type(exc).__name__
+    if name == "CommitStateUnknownException":
+        return OutcomeUnknown(f"{what}: {name}: {exc}")
+    return TransientError(f"{what}: {name}: {exc}")
+
+
+__all__ = [
+    "DATASET_PROPERTY",
+    "JOB_PROPERTY",
+    "catalog_properties",
+    "classify",
+    "commit_files",
+    "job_snapshot",
+    "load_table",
+    "open_catalog",
+    "split_identifier",
+]
