@@ -19,6 +19,7 @@ when every check passed.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
 import secrets
 import shutil
@@ -305,7 +306,10 @@ async def _orders_task1(settings: Settings, job: str) -> tuple[int, int | None]:
 
 
 def run_demo(*, root: Path | None, keep: bool, console: Console) -> int:
-    """Run the demo; return the process exit code (0 = every check passed)."""
+    """Run the demo; return the process exit code (0 = every check passed, 2 = no pyspark installed)."""
+    if importlib.util.find_spec("pyspark") is None:
+        console.print("demo: it runs a real PySpark job: pip install 'commitfleet[spark]'", markup=False)
+        return 2
     started = time.monotonic()
     with ExitStack() as stack:
         work = Path(tempfile.mkdtemp(prefix="commitfleet-demo-"))

@@ -8,7 +8,7 @@ and the conventional shortcuts ``REDIS_URL``, ``REDIS_PASSWORD`` and
 ``COMMITFLEET_STORE`` (the store root URL).
 
 Credentials (``redis.password``, ``security.hmac_secret``,
-``store.azure_connection_string``) are :class:`~shared._secret.Secret` values:
+``store.azure_connection_string``, ``store.azure_account_url``) are :class:`~shared._secret.Secret` values:
 masked wherever settings are shown. A password written in ``redis.url`` is
 moved into ``redis.password`` when the settings are built, so ``redis.url``
 can always be printed.
@@ -111,7 +111,8 @@ class StoreSettings(_Section, frozen=True):
     s3_max_pool_connections: int = 64
     gcs_endpoint: str = ""
     azure_connection_string: Secret = Secret()
-    azure_account_url: str = ""
+    # A Secret: it may carry a SAS token (?sv=...&sig=...).
+    azure_account_url: Secret = Secret()
     request_timeout: float = 30.0
     # Attempts the S3 and Azure SDKs make per request before an error reaches the caller
     # (1 = no SDK-level retries; callers retry with their own RetryPolicy either way).
@@ -125,8 +126,8 @@ class StoreSettings(_Section, frozen=True):
     model_latency_p99_ms: float = 0.0
 
     def __post_init__(self) -> None:
-        conn = coerce_secret(self.azure_connection_string)
-        msgspec.structs.force_setattr(self, "azure_connection_string", conn)
+        for name in ("azure_connection_string", "azure_account_url"):
+            msgspec.structs.force_setattr(self, name, coerce_secret(getattr(self, name)))
         if not 0.0 <= self.chaos_fault_rate < 1.0:
             raise ValueError("store.chaos_fault_rate must be in [0, 1)")
         if self.model_latency_ms < 0 or (

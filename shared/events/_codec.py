@@ -185,7 +185,8 @@ def decode_entry(
     sig = _field(fields, SIG_FIELD)
     if sig is not None and not isinstance(sig, bytes | str):
         sig = repr(sig)  # never a valid signature: rejected as bad_signature when signing is on
-    return decode_event(data, sig=sig, limits=limits, stream=stream, received_ms=_id_ms(entry_id))
+    received = _id_ms(entry_id) if limits.signing is not None else None
+    return decode_event(data, sig=sig, limits=limits, stream=stream, received_ms=received)
 
 
 def _id_ms(entry_id: bytes | str | None) -> int | None:

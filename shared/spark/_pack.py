@@ -8,8 +8,9 @@ same sources always give the same bytes (a cluster can cache it by hash).
 
 Next to it goes ``requirements-spark.txt``: the third-party packages the
 executors' Python needs, commitfleet's ``spark`` extra (pyarrow, redis,
-msgspec, the store SDKs), read from ``pyproject.toml`` in a source checkout or
-from the installed distribution's metadata.
+msgspec, the store SDKs) without pyspark (the cluster provides it), read from
+``pyproject.toml`` in a source checkout or from the installed distribution's
+metadata.
 """
 
 from __future__ import annotations
@@ -60,8 +61,14 @@ def pack_members(root: Path) -> list[tuple[str, Path]]:
     return sorted(out)
 
 
+def _executor_side(requirements: list[str]) -> list[str]:
+    # An executor runs inside the cluster's Spark: it has pyspark (the cluster's own
+    # version, which a pip install must not replace).
+    return [r for r in requirements if re.split(r"[\s<>=!~;\[]", r, maxsplit=1)[0].lower() != "pyspark"]
+
+
 def spark_requirements(src: Path | None = None) -> list[str]:
-    """Return the requirements of commitfleet's ``spark`` extra.
+    """Return what an executor needs: commitfleet's ``spark`` extra without pyspark.
 
     Read from ``pyproject.toml`` next to the package folder ``src`` when it is
     a source checkout, else from the installed distribution's metadata.
@@ -74,7 +81,7 @@ def spark_requirements(src: Path | None = None) -> list[str]:
         doc = tomllib.loads(pyproject.read_text())
         extra = doc.get("project", {}).get("optional-dependencies", {}).get("spark")
         if extra:
-            return [str(r) for r in extra]
+            return _executor_side([str(r) for r in extra])
     try:
         requires = importlib.metadata.requires(_DIST) or []
     except importlib.metadata.PackageNotFoundError:
@@ -86,7 +93,7 @@ def spark_requirements(src: Path | None = None) -> list[str]:
             out.append(spec.strip())
     if not out:
         raise ConfigError(f"no 'spark' extra found in {pyproject} or in the installed {_DIST}")
-    return out
+    return _executor_side(out)
 
 
 def build_pack(out_dir: Path, *, root: Path | None = None) -> Pack:

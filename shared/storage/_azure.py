@@ -107,7 +107,7 @@ def connection_kwargs(settings: StoreSettings, env: dict[str, str] | os._Environ
     conn = settings.azure_connection_string.reveal() or env.get("AZURE_STORAGE_CONNECTION_STRING", "")
     if conn:
         return {"conn_str": conn}
-    url = settings.azure_account_url
+    url = settings.azure_account_url.reveal()
     if not url:
         raise ConfigError(
             "Azure store needs store.azure_connection_string, AZURE_STORAGE_CONNECTION_STRING, "

@@ -257,12 +257,13 @@ def task_ends(rig: ClusterRig, job: str) -> list[dict[str, Any]]:
 
 async def task_finished_events(r: redis.asyncio.Redis, rig: ClusterRig, job: str) -> list[TaskFinished]:
     """The job's ``TaskFinished`` events still in the shard streams, decoded with the fleet's validation."""
-    limits = ValidationLimits.from_settings(rig.settings.security)
+    limits = ValidationLimits.from_settings(rig.settings.security, fleet=rig.settings.fleet.name)
     keys = Keys(rig.settings.fleet.name)
     out = []
     for shard in range(SHARDS):
-        for _id, fields in await r.xrange(keys.events(shard)):
-            ev = decode_entry(fields, limits=limits)
+        stream = keys.events(shard)
+        for entry_id, fields in await r.xrange(stream):
+            ev = decode_entry(fields, limits=limits, stream=stream, entry_id=entry_id)
             if isinstance(ev, TaskFinished) and ev.job == job:
                 out.append(ev)
     return out

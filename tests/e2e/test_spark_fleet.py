@@ -184,11 +184,12 @@ async def keys_under(store: ObjectStore, prefix: str) -> list[str]:
 
 async def events_of(r: redis.asyncio.Redis, fleet: E2EFleet, job: str) -> list[QueueEvent]:
     """Every event of ``job`` in the fleet's shard streams, decoded with the fleet's validation."""
-    limits = ValidationLimits.from_settings(fleet.settings.security)
+    limits = ValidationLimits.from_settings(fleet.settings.security, fleet=fleet.settings.fleet.name)
     out: list[QueueEvent] = []
     for shard in range(SHARDS):
-        for _id, fields in await r.xrange(fleet.keys.events(shard)):
-            ev = decode_entry(fields, limits=limits)
+        stream = fleet.keys.events(shard)
+        for entry_id, fields in await r.xrange(stream):
+            ev = decode_entry(fields, limits=limits, stream=stream, entry_id=entry_id)
             if ev.job == job:
                 out.append(ev)
     return out
@@ -377,11 +378,14 @@ async def test_job_cancelled_from_another_thread_during_an_action_is_rolled_back
         return {}
 
     sc = spark.sparkContext
-    limits = ValidationLimits.from_settings(fleet.settings.security)
+    limits = ValidationLimits.from_settings(fleet.settings.security, fleet=fleet.settings.fleet.name)
 
     def reported(client: redis.Redis, job: str, dataset: str) -> set[int]:
         stream = fleet.keys.events(shard_of(dataset, SHARDS))
-        evs = (decode_entry(fields, limits=limits) for _id, fields in client.xrange(stream))
+        evs = (
+            decode_entry(fields, limits=limits, stream=stream, entry_id=entry_id)
+            for entry_id, fields in client.xrange(stream)
+        )
         return {e.task for e in evs if isinstance(e, TaskFinished) and (e.job, e.dataset) == (job, dataset)}
 
     def cancel_mid_action(job: Any) -> None:

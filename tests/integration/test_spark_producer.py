@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 import redis
 
-from shared import BadInput, ConfigError
+from shared import BadInput, ConfigError, Secret
 from shared.events import (
     JobCancelled,
     JobFailed,
@@ -61,7 +61,7 @@ def config(redis_url: str, fleet_name: str, store_root: Path) -> ProducerConfig:
         store_url=store_root.as_uri(),
         fleet=fleet_name,
         shards=SHARDS,
-        hmac_secret=SECRET,
+        hmac_secret=Secret(SECRET),
         job_timeout=120.0,
         app="tests",
         wait=False,  # no fleet here: these tests check what the producer publishes
@@ -70,14 +70,15 @@ def config(redis_url: str, fleet_name: str, store_root: Path) -> ProducerConfig:
 
 def read_events(cfg: ProducerConfig) -> list[tuple[int, QueueEvent]]:
     """Every event in the fleet's shard streams, decoded and validated (signature checked)."""
-    limits = ValidationLimits(secret=SECRET.encode())
+    limits = ValidationLimits(secret=SECRET.encode(), fleet=cfg.fleet)
     keys = Keys(cfg.fleet)
     client = redis.Redis.from_url(cfg.redis_url)
     try:
         out = []
         for shard in range(SHARDS):
-            for _id, fields in client.xrange(keys.events(shard)):
-                out.append((shard, decode_entry(fields, limits=limits)))
+            stream = keys.events(shard)
+            for entry_id, fields in client.xrange(stream):
+                out.append((shard, decode_entry(fields, limits=limits, stream=stream, entry_id=entry_id)))
         return out
     finally:
         client.close()

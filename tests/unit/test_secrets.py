@@ -64,6 +64,7 @@ def test_settings_move_the_password_out_of_redis_url_and_mask_every_credential()
         "REDIS_URL": f"redis://:{quote(PLANTED, safe='')}@127.0.0.1:6379/0",
         "COMMITFLEET_SECURITY_HMAC_SECRET": HMAC,
         "COMMITFLEET_STORE_AZURE_CONNECTION_STRING": AZURE,
+        "COMMITFLEET_STORE_AZURE_ACCOUNT_URL": "https://a.blob.core.windows.net/?sv=2024&sig=planted-sas",
     }
     s = load_settings(env=env)
     assert s.redis.url == "redis://127.0.0.1:6379/0"
@@ -71,8 +72,9 @@ def test_settings_move_the_password_out_of_redis_url_and_mask_every_credential()
     assert s.security.hmac_secret.reveal() == HMAC
     assert s.store.azure_connection_string.reveal() == AZURE
     text = repr(s) + str(s) + repr(pickle.loads(pickle.dumps(s)))
-    for planted in (PLANTED, quote(PLANTED, safe=""), HMAC, "azure-planted-key"):
+    for planted in (PLANTED, quote(PLANTED, safe=""), HMAC, "azure-planted-key", "planted-sas"):
         assert planted not in text
+    assert "planted-sas" in s.store.azure_account_url.reveal()
     # The raw password through its own setting (no escaping), and REDIS_PASSWORD.
     raw = load_settings(env={"COMMITFLEET_REDIS_PASSWORD": PLANTED})
     assert raw.redis.password.reveal() == PLANTED and PLANTED not in repr(raw)
