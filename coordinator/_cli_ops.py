@@ -22,7 +22,6 @@ from shared.events import (
     check_dataset_segment,
     check_job,
     encode_admin,
-    operator_request_value,
 )
 from shared.locks import run_shielded
 from shared.queue import (
@@ -37,6 +36,7 @@ from shared.queue import (
 from shared.storage import open_store
 
 from ._http import event_matches
+from ._requests import request_value
 from ._status import fleet_status
 
 console = Console()
@@ -140,12 +140,6 @@ async def print_events(
         await _stoppable(follow_new())
 
 
-def _request_value(s: Settings, op: str, dataset: str, job: str) -> str:
-    """Return the stored form of a request: signed (docs/contract.md section 5) when the fleet signs v2."""
-    secret = s.security.hmac_secret.reveal_bytes() if s.security.sign_version == 2 else None
-    return operator_request_value(op, secret, fleet=s.fleet.name, dataset=dataset, job=job)
-
-
 async def operator_request(s: Settings, dataset: str, job: str, op: str, *, wait_s: float) -> str:
     """Ask the dataset's owner to ``retry`` or ``skip`` a quarantined sequence; wait for it.
 
@@ -180,7 +174,7 @@ async def operator_request(s: Settings, dataset: str, job: str, op: str, *, wait
         start: bytes = newest[0][0] if newest else b"0-0"
         with redis_errors("HSET operator request"):
             await r.hset(
-                keys.shard_state(shard, "operator"), f"{dataset}/{job}", _request_value(s, op, dataset, job)
+                keys.shard_state(shard, "operator"), f"{dataset}/{job}", request_value(s, op, dataset, job)
             )
 
         async def acted() -> str:

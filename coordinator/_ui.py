@@ -29,6 +29,7 @@ from shared import BadInput, TransientError
 from shared.events import check_dataset_segment, check_job
 from shared.queue import redis_errors, shard_of
 
+from ._requests import request_value
 from ._ui_auth import SESSION_COOKIE, bearer_ok, same_origin, session_value
 
 if TYPE_CHECKING:
@@ -174,5 +175,6 @@ async def operator_request(server: AdminServer, dataset: str, job: str, op: str)
         return web.json_response({"error": f"{dataset} / {job} is not quarantined"}, status=409)
     shard = shard_of(dataset, server.settings.fleet.shards)
     with redis_errors("HSET operator request"):
-        await server.r.hset(server.keys.shard_state(shard, "operator"), f"{dataset}/{job}", op)
+        value = request_value(server.settings, op, dataset, job)  # signed as the CLI signs it
+        await server.r.hset(server.keys.shard_state(shard, "operator"), f"{dataset}/{job}", value)
     return web.json_response({"queued": op, "dataset": dataset, "job": job, "shard": shard}, status=202)
