@@ -157,7 +157,7 @@ class JobContext(FinishMixin):
 
         Raises:
             BadInput: unknown or already written dataset, bad ``partition_by``,
-                bad ``table`` or ``mode``.
+                bad ``table`` or ``mode``, ``table`` with ``partition_by``.
             JobCancelledError: :meth:`cancel` was called before the action.
             Whatever the Spark action raises (a failed task after its retries,
             or the cancellation of the job group).
@@ -174,6 +174,11 @@ class JobContext(FinishMixin):
         if dataset not in self._datasets:
             raise BadInput(f"dataset {dataset!r} was not declared for job {self._job_id}")
         binding = None if table is None else check_binding(dataset, table, mode)
+        if binding is not None and partition_by:
+            # Hive folders drop the partition columns from the files; the table would lose them.
+            raise BadInput(
+                f"dataset {dataset!r}: partition_by cannot be combined with table (not supported yet)"
+            )
         started: JobStarted | None = None
         with self._lock:
             if dataset in self._expectations or dataset in self._writing:

@@ -450,6 +450,9 @@ async def test_job_cancelled_from_another_thread_during_an_action_is_rolled_back
     assert report.ok, report.violations
 
 
+# Run alone, this test pays for the module's Spark session and fleet: on a loaded 2-core machine that
+# alone took over a minute.
+@pytest.mark.timeout(360)
 async def test_a_bound_and_an_unbound_dataset_the_table_scan_returns_each_row_once(
     spark: Any, fleet: E2EFleet, r: redis.asyncio.Redis, store: ObjectStore
 ) -> None:

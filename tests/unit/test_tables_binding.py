@@ -76,3 +76,16 @@ def test_catalog_settings_the_warehouse_shares_the_store_and_bad_config_is_one_l
         load_settings(env={}, overrides={"tables": {"catalog": "rest"}})
     with pytest.raises(ConfigError, match=r"namespace\.name"):
         load_settings(env={}, overrides={"tables": {"bindings": {"orders": {"table": "orders"}}}})
+
+
+def test_the_producer_checks_a_binding_before_anything_runs() -> None:
+    from shared._errors import BadInput
+    from shared.spark._tables import check_binding
+
+    assert check_binding("orders", "lake.sales.orders", "overwrite") == TableBinding(
+        table="lake.sales.orders", mode="overwrite"
+    )
+    with pytest.raises(BadInput, match="namespace"):
+        check_binding("orders", "orders", "append")
+    with pytest.raises(BadInput, match="mode"):
+        check_binding("orders", "lake.orders", "merge")
