@@ -175,7 +175,7 @@ class AdminServer:
         while True:
             try:
                 start, events = await self._read_admin(start, 500)
-                for ev in events:
+                for _, ev in events:
                     self.metrics.agg.count(ev)
                     self._history(ev)
             except TransientError as exc:
@@ -184,8 +184,8 @@ class AdminServer:
                 first = False
                 await asyncio.sleep(1.0)
 
-    async def _read_admin(self, after: str, block_ms: int) -> tuple[str, list[AdminEvent]]:
-        """Return the id of the last admin entry read after ``after`` (or ``after``) and its events.
+    async def _read_admin(self, after: str, block_ms: int) -> tuple[str, list[tuple[str, AdminEvent]]]:
+        """Return the id of the last admin entry read after ``after`` (or ``after``) and ``(id, event)``s.
 
         Waits up to ``block_ms`` for one; undecodable entries are skipped (the
         workers that act on events log them).
@@ -203,11 +203,11 @@ class AdminServer:
         task = asyncio.current_task()
         if task is not None and task.cancelling():
             raise asyncio.CancelledError
-        events: list[AdminEvent] = []
+        events: list[tuple[str, AdminEvent]] = []
         for entry in entries_from_reply(reply):
             after = entry.id.decode()
             try:
-                events.append(decode_admin(entry.fields.get(_DATA, b"")))
+                events.append((after, decode_admin(entry.fields.get(_DATA, b""))))
             except InvalidMessage:
                 continue
         return after, events
@@ -311,11 +311,11 @@ class AdminServer:
             while True:
                 start, events = await self._read_admin(start, block_ms)
                 out: list[bytes] = []
-                for ev in events:
+                for entry_id, ev in events:
                     if event_matches(ev, types=types, dataset=dataset, job=job):
                         tag = str(type(ev).__struct_config__.tag)
                         out.append(
-                            f"id: {start}\nevent: {tag}\ndata: {encode_admin(ev).decode()}\n\n".encode()
+                            f"id: {entry_id}\nevent: {tag}\ndata: {encode_admin(ev).decode()}\n\n".encode()
                         )
                 now = time.monotonic()
                 if not out and now - last_write >= c.sse_keepalive:

@@ -242,6 +242,18 @@ async def test_sse_keepalive(start_admin: Start) -> None:
             assert re.match(r"retry: \d+", (await resp.content.readline()).decode())
             lines = [(await resp.content.readline()).decode() for _ in range(4)]
         assert ": keep-alive\n" in lines, lines
+        # Events read in one batch each carry their own id (a resume point must skip nothing).
+        admin = AdminPublisher(server.r, server.keys)
+        ids = [(await admin.publish(MessageRejected(at=time.time(), shard=0, reason="schema"))).decode()]
+        ids += [(await admin.publish(MessageRejected(at=time.time(), shard=0, reason="schema"))).decode()]
+        got: list[str] = []
+        async with http.get(f"{base}/events", params={"from": "0"}) as resp:
+            async with asyncio.timeout(10):
+                while len(got) < 2:
+                    line = (await resp.content.readline()).decode()
+                    if line.startswith("id: "):
+                        got.append(line.removeprefix("id: ").strip())
+        assert got == ids
         for bad in ("garbage", "1-2-3", "$x"):
             async with http.get(f"{base}/events", params={"from": bad}) as resp:
                 assert resp.status == 400, bad
