@@ -35,7 +35,7 @@ from aiohttp import web
 from shared import ConfigError, Settings, TransientError
 from shared._logging import kv
 from shared.events import DATA_FIELD, AdminEvent, Committed, InvalidMessage, decode_admin, encode_admin
-from shared.queue import Keys, follow_admin, read_admin_range, redis_errors
+from shared.queue import Keys, read_admin_range, redis_errors
 from shared.queue._entry import entries_from_reply
 
 from . import _ui
@@ -60,6 +60,8 @@ def event_matches(ev: AdminEvent, *, types: set[str], dataset: str | None, job: 
 
 # How long one status document answers /status and /metrics requests.
 STATUS_CACHE_S = 1.0
+# Admin entries read per request when the commit history reads the last hour back.
+BACKFILL_PAGE = 1000
 # Paths served without token or Host check.
 OPEN_PATHS = frozenset({"/healthz"})
 _DATA = DATA_FIELD.encode()
@@ -147,20 +149,33 @@ class AdminServer:
     async def follow_admin(self) -> None:
         """Aggregate admin events into metrics and the commit history, forever (the owner cancels it).
 
-        The history first reads back the last hour of the (capped) stream.
+        The history first reads back the last hour of the (capped) stream, up
+        to the newest entry at the start; the metrics count what comes after it.
         """
         last: bytes | str = "$"
+        start = window_start_id(time.time())
         try:
-            for entry_id, ev in await read_admin_range(self.r, self.keys, start=window_start_id(time.time())):
-                self._history(ev)
-                last = entry_id
+            with redis_errors("XREVRANGE admin"):
+                newest: Any = await self.r.xrevrange(self.keys.admin, count=1)
+            if newest:
+                last = end = newest[0][0]
+                while True:  # in pages: the hour may hold the whole capped stream
+                    page = await read_admin_range(self.r, self.keys, start, end, count=BACKFILL_PAGE)
+                    for _id, ev in page:
+                        self._history(ev)
+                    if not page or page[-1][0] == end:
+                        break
+                    start = "(" + page[-1][0].decode()  # exclusive: after the last one read
         except TransientError as exc:
             log.warning("admin stream unavailable; commit history starts now", extra=kv(error=str(exc)))
         first = True
+        if last == "$":
+            last = "0-0"  # the stream was empty a moment ago
+        start = last.decode() if isinstance(last, bytes) else last
         while True:
             try:
-                async for entry_id, ev in follow_admin(self.r, self.keys, from_id=last, block_ms=500):
-                    last = entry_id
+                start, events = await self._read_admin(start, 500)
+                for _, ev in events:
                     self.metrics.agg.count(ev)
                     self._history(ev)
             except TransientError as exc:
@@ -168,6 +183,34 @@ class AdminServer:
                     log.warning("admin stream unavailable", extra=kv(error=str(exc)))
                 first = False
                 await asyncio.sleep(1.0)
+
+    async def _read_admin(self, after: str, block_ms: int) -> tuple[str, list[tuple[str, AdminEvent]]]:
+        """Return the id of the last admin entry read after ``after`` (or ``after``) and ``(id, event)``s.
+
+        Waits up to ``block_ms`` for one; undecodable entries are skipped (the
+        workers that act on events log them).
+
+        Raises:
+            TransientError: Redis unavailable.
+
+        On cancel: ends. redis-py 8.1 can lose a cancellation that arrives just
+        after a blocking read returned data (the task reads on, "cancelling"):
+        the loops here check for a pending cancel after every read, so they
+        end within one ``block_ms`` all the same.
+        """
+        with redis_errors("XREAD admin"):
+            reply = await self.r.xread({self.keys.admin: after}, count=100, block=block_ms)
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise asyncio.CancelledError
+        events: list[tuple[str, AdminEvent]] = []
+        for entry in entries_from_reply(reply):
+            after = entry.id.decode()
+            try:
+                events.append((after, decode_admin(entry.fields.get(_DATA, b""))))
+            except InvalidMessage:
+                continue
+        return after, events
 
     def _history(self, ev: AdminEvent) -> None:
         # An event stamped in the future (a bad clock, a forged entry) would push the window on.
@@ -266,20 +309,13 @@ class AdminServer:
                     newest: Any = await self.r.xrevrange(self.keys.admin, count=1)
                     start = newest[0][0].decode() if newest else "0-0"
             while True:
-                with redis_errors("XREAD admin"):
-                    reply = await self.r.xread({self.keys.admin: start}, count=100, block=block_ms)
-                entries = entries_from_reply(reply)
+                start, events = await self._read_admin(start, block_ms)
                 out: list[bytes] = []
-                for entry in entries:
-                    start = entry.id.decode()
-                    try:
-                        ev = decode_admin(entry.fields.get(_DATA, b""))
-                    except InvalidMessage:
-                        continue  # logged by the readers that act on events; a viewer skips it
+                for entry_id, ev in events:
                     if event_matches(ev, types=types, dataset=dataset, job=job):
                         tag = str(type(ev).__struct_config__.tag)
                         out.append(
-                            f"id: {start}\nevent: {tag}\ndata: {encode_admin(ev).decode()}\n\n".encode()
+                            f"id: {entry_id}\nevent: {tag}\ndata: {encode_admin(ev).decode()}\n\n".encode()
                         )
                 now = time.monotonic()
                 if not out and now - last_write >= c.sse_keepalive:

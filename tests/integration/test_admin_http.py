@@ -242,6 +242,18 @@ async def test_sse_keepalive(start_admin: Start) -> None:
             assert re.match(r"retry: \d+", (await resp.content.readline()).decode())
             lines = [(await resp.content.readline()).decode() for _ in range(4)]
         assert ": keep-alive\n" in lines, lines
+        # Events read in one batch each carry their own id (a resume point must skip nothing).
+        admin = AdminPublisher(server.r, server.keys)
+        ids = [(await admin.publish(MessageRejected(at=time.time(), shard=0, reason="schema"))).decode()]
+        ids += [(await admin.publish(MessageRejected(at=time.time(), shard=0, reason="schema"))).decode()]
+        got: list[str] = []
+        async with http.get(f"{base}/events", params={"from": "0"}) as resp:
+            async with asyncio.timeout(10):
+                while len(got) < 2:
+                    line = (await resp.content.readline()).decode()
+                    if line.startswith("id: "):
+                        got.append(line.removeprefix("id: ").strip())
+        assert got == ids
         for bad in ("garbage", "1-2-3", "$x"):
             async with http.get(f"{base}/events", params={"from": bad}) as resp:
                 assert resp.status == 400, bad
@@ -314,3 +326,34 @@ async def test_a_request_ends_at_its_timeout(
             await server.stop()
     finally:
         await r.aclose()
+
+
+async def test_commit_history_reads_the_last_hour_back_in_pages(
+    start_admin: Start, redis_client: redis.asyncio.Redis, fleet_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("coordinator._http.BACKFILL_PAGE", 2)
+    admin = AdminPublisher(redis_client, Keys(fleet_name))
+    for i in range(5):
+        await admin.publish(
+            Committed(at=time.time(), dataset=f"d{i}", job="j", files=1, bytes=1, duration_s=0.1 * (i + 1))
+        )
+    server = await start_admin()
+    follower = asyncio.ensure_future(server.follow_admin())
+    try:
+        await wait_for(lambda: asyncio.sleep(0, server.history.series(time.time())["commits"] == 5))
+        new = Committed(at=time.time(), dataset="new", job="j", files=1, bytes=1, duration_s=0.1)
+        await admin.publish(new)
+        await wait_for(lambda: asyncio.sleep(0, server.history.series(time.time())["commits"] == 6))
+        # The metrics count what this coordinator saw since it started: the new one only.
+        assert server.metrics.agg.commit_seconds.total == 1
+        assert max(p["max_s"] or 0 for p in server.history.series(time.time())["points"]) == 0.5
+    finally:
+        follower.cancel()
+        # Ends at once when cancelled (the coordinator's shutdown relies on it).
+        done, _ = await asyncio.wait([follower], timeout=5)
+        if not done:
+            follower.print_stack()
+            import sys as _s
+
+            _s.stdout.flush()
+        assert done
