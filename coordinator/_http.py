@@ -225,7 +225,9 @@ class AdminServer:
         if not host_allowed(request.headers.get("Host"), self._hosts):
             return web.json_response({"error": "host not allowed"}, status=421)
         c = self.settings.coordinator
-        if not _ui.is_public(request) and not authorized(request.headers, request.cookies, c.admin_token):
+        if not _ui.is_public(request) and not authorized(
+            request.headers, request.cookies, c.admin_token.reveal()
+        ):
             if _ui.wants_page(request):
                 raise web.HTTPSeeOther(_ui.LOGIN_PATH)
             return web.json_response(

@@ -77,7 +77,7 @@ def wants_page(request: web.Request) -> bool:
 
 def add_routes(app: web.Application, server: AdminServer) -> None:
     """Add the console's routes to ``app``."""
-    token = server.settings.coordinator.admin_token
+    token = server.settings.coordinator.admin_token.reveal()
 
     def page(name: str) -> web.Response:
         return web.Response(

@@ -7,7 +7,7 @@ Precedence (lowest to highest): built-in defaults, the TOML file
 and the conventional shortcuts ``REDIS_URL``, ``REDIS_PASSWORD`` and
 ``COMMITFLEET_STORE`` (the store root URL).
 
-Credentials (``redis.password``, ``security.hmac_secret``,
+Credentials (``redis.password``, ``security.hmac_secret``, ``coordinator.admin_token``,
 ``store.azure_connection_string``, ``store.azure_account_url``) are :class:`~shared._secret.Secret` values:
 masked wherever settings are shown. A password written in ``redis.url`` is
 moved into ``redis.password`` when the settings are built, so ``redis.url``
@@ -236,7 +236,7 @@ class CoordinatorSettings(_Section, frozen=True):
     http_host: str = "127.0.0.1"
     http_port: int = 8787
     tick: float = 1.0
-    admin_token: str = ""
+    admin_token: Secret = Secret()
     allowed_hosts: str = ""
     request_timeout: float = 30.0
     sse_max_clients: int = 32
@@ -249,7 +249,9 @@ class CoordinatorSettings(_Section, frozen=True):
             raise ValueError("coordinator.request_timeout and coordinator.sse_keepalive must be > 0")
         if self.sse_max_clients < 1:
             raise ValueError("coordinator.sse_max_clients must be >= 1")
-        if self.admin_token and (len(self.admin_token) < 16 or not self.admin_token.isprintable()):
+        msgspec.structs.force_setattr(self, "admin_token", coerce_secret(self.admin_token))
+        token = self.admin_token.reveal()
+        if token and (len(token) < 16 or not token.isprintable()):
             raise ValueError("coordinator.admin_token must be at least 16 printable characters")
         if not self.admin_token and not is_loopback_host(self.http_host):
             raise ValueError(
