@@ -33,6 +33,7 @@ import redis.asyncio
 from aiohttp import web
 
 from shared import ConfigError, Settings, TransientError
+from shared._aio import raise_if_cancelling
 from shared._logging import kv
 from shared.events import DATA_FIELD, AdminEvent, Committed, InvalidMessage, decode_admin, encode_admin
 from shared.queue import Keys, read_admin_range, redis_errors
@@ -200,9 +201,7 @@ class AdminServer:
         """
         with redis_errors("XREAD admin"):
             reply = await self.r.xread({self.keys.admin: after}, count=100, block=block_ms)
-        task = asyncio.current_task()
-        if task is not None and task.cancelling():
-            raise asyncio.CancelledError
+        raise_if_cancelling()
         events: list[tuple[str, AdminEvent]] = []
         for entry in entries_from_reply(reply):
             after = entry.id.decode()

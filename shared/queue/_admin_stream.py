@@ -22,6 +22,7 @@ from typing import Any, Final, Literal
 import redis.asyncio
 from redis.commands.core import AsyncScript
 
+from .._aio import raise_if_cancelling
 from .._retry import RetryPolicy, retry
 from ..events import DATA_FIELD, AdminEvent, InvalidMessage, decode_admin, encode_admin
 from ._cluster import check_waits, is_cluster, queue_wait
@@ -280,6 +281,7 @@ async def follow_admin(
     async def read() -> list[Entry]:
         with redis_errors("XREAD admin"):
             reply = await redis_client.xread({keys.admin: last}, count=count, block=block_ms)
+        raise_if_cancelling()
         return entries_from_reply(reply)
 
     while True:

@@ -27,6 +27,7 @@ from typing import Any
 
 import redis.asyncio
 
+from .._aio import raise_if_cancelling
 from .._errors import NotFound
 from .._logging import kv
 from ._connect import redis_errors
@@ -239,6 +240,8 @@ class ShardConsumer:
             reply = await self.redis.xreadgroup(
                 self.group, self.consumer, {self.stream: from_id}, count=count, block=block_ms
             )
+        if block_ms is not None:
+            raise_if_cancelling()  # entries read stay pending: the next reader gets them
         return entries_from_reply(reply)
 
     async def read(self, count: int, block_ms: int) -> list[Entry]:

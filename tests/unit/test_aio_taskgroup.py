@@ -76,3 +76,24 @@ async def test_plain_taskgroup_leaks_on_this_python() -> None:
     assert leaked == (1 if sys.version_info < (3, 12) else 0)
     if leaked:
         task.uncancel()
+
+
+async def test_raise_if_cancelling_ends_a_task_whose_cancel_was_swallowed() -> None:
+    """A cancel lost inside a library call (the task reads on) is raised again at the check."""
+    from shared._aio import raise_if_cancelling
+
+    async def reader() -> str:
+        task = asyncio.current_task()
+        assert task is not None
+        raise_if_cancelling()  # no request yet: returns
+        task.cancel()
+        try:
+            await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            pass  # what a library that loses the cancel does
+        raise_if_cancelling()
+        return "read on"
+
+    t = asyncio.ensure_future(reader())
+    with pytest.raises(asyncio.CancelledError):
+        await t
