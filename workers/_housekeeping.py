@@ -13,6 +13,14 @@ from shared.queue import cap_dead_letters, redis_errors, trim_acknowledged
 
 from ._context import WorkerContext
 
+# DEL + HSET in one step. A script rather than MULTI/EXEC: one plain command on Redis
+# Cluster too (redis-py 8.1's asyncio cluster transactions run on a thread's event loop).
+_REPLACE_HASH = """
+redis.call('DEL', KEYS[1])
+if #ARGV > 0 then redis.call('HSET', KEYS[1], unpack(ARGV)) end
+return 1
+"""
+
 log = logging.getLogger("workers.shard")
 
 
@@ -48,19 +56,16 @@ async def record_quarantined(ctx: WorkerContext, shard: int, found: dict[str, st
     ``found`` maps every unfinished sequence of the shard to its quarantine
     reason ("" when not quarantined). Status reads this record instead of
     walking the store's ``_wal/`` per request; quarantines found later by a
-    commit show in the job records. One MULTI (DEL + HSET). Returns None.
+    commit show in the job records. One script (DEL + HSET). Returns None.
 
     Raises:
         TransientError: Redis is unreachable.
     """
     quarantined = {k: v for k, v in found.items() if v}
     key = ctx.keys.shard_state(shard, "quarantined")
+    flat = [x for kv_pair in quarantined.items() for x in kv_pair]
     with redis_errors("record quarantined"):
-        async with ctx.redis.pipeline(transaction=True) as pipe:
-            pipe.delete(key)
-            if quarantined:
-                pipe.hset(key, mapping=quarantined)  # type: ignore[arg-type]
-            await pipe.execute()
+        await ctx.redis.eval(_REPLACE_HASH, 1, key, *flat)
 
 
 __all__ = ["record_quarantined", "trim_shard"]
