@@ -16,6 +16,14 @@ from shared.queue import cap_dead_letters, redis_errors, trim_acknowledged
 
 from ._context import WorkerContext
 
+# DEL + HSET in one step. A script rather than MULTI/EXEC: one plain command on Redis
+# Cluster too (redis-py 8.1's asyncio cluster transactions run on a thread's event loop).
+_REPLACE_HASH = """
+redis.call('DEL', KEYS[1])
+if #ARGV > 0 then redis.call('HSET', KEYS[1], unpack(ARGV)) end
+return 1
+"""
+
 log = logging.getLogger("workers.shard")
 
 
@@ -23,7 +31,7 @@ async def trim_shard(ctx: WorkerContext, shard: int, now: float) -> None:
     """Drop what the shard's streams no longer need (docs/queue.md, "What is kept").
 
     Acknowledged entries leave the event stream (an entry is acknowledged in
-    the same MULTI as its effect on the shard state, so its effect is
+    the same atomic save as its effect on the shard state, so its effect is
     durable); dead letters are capped by count and age. Returns None.
 
     Raises:
@@ -51,19 +59,16 @@ async def record_quarantined(ctx: WorkerContext, shard: int, found: dict[str, st
     ``found`` maps every unfinished sequence of the shard to its quarantine
     reason ("" when not quarantined). Status reads this record instead of
     walking the store's ``_wal/`` per request; :func:`note_quarantine` keeps it
-    current during the session. One MULTI (DEL + HSET). Returns None.
+    current during the session. One script (DEL + HSET). Returns None.
 
     Raises:
         TransientError: Redis is unreachable.
     """
     quarantined = {k: v for k, v in found.items() if v}
     key = ctx.keys.shard_state(shard, "quarantined")
+    flat = [x for kv_pair in quarantined.items() for x in kv_pair]
     with redis_errors("record quarantined"):
-        async with ctx.redis.pipeline(transaction=True) as pipe:
-            pipe.delete(key)
-            if quarantined:
-                pipe.hset(key, mapping=quarantined)  # type: ignore[arg-type]
-            await pipe.execute()
+        await ctx.redis.eval(_REPLACE_HASH, 1, key, *flat)
 
 
 async def note_quarantine(ctx: WorkerContext, shard: int, dataset: str, job: str, reason: str | None) -> None:

@@ -10,7 +10,7 @@ Keys (``Keys.fleet_key`` / ``Keys.shard_state``)::
     cf:<fleet>:{s<n>}:state:owner      the shard's owner token "<worker>@<epoch>"
 
 ``{F}`` is the fleet tag (``Keys.fleet_tag``): membership and leases share one
-Redis Cluster slot, so registration (MULTI) and the lease lookup (MGET) work
+Redis Cluster slot, so registration (a script) and the lease lookup (MGET) work
 on a cluster.
 
 A worker writes its own lease and its handoff confirmations; the leading
@@ -61,6 +61,20 @@ return 1
 """
 
 
+# Registration and its undoing, atomic, as scripts rather than MULTI/EXEC: one plain command
+# on Redis Cluster too (redis-py 8.1's asyncio cluster transactions run each command through
+# a private event loop on a thread, which can hang a process during a failover).
+# KEYS: lease, member set (one slot: the fleet tag). ARGV: worker id, lease JSON, lease ms.
+_REGISTER = """
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+return redis.call('SADD', KEYS[2], ARGV[1])
+"""
+_DEREGISTER = """
+redis.call('DEL', KEYS[1])
+return redis.call('SREM', KEYS[2], ARGV[1])
+"""
+
+
 def new_worker_id(prefix: str = "") -> str:
     """Return a fresh id ``<host>-<pid>-<random>`` (safe in key names), or ``<prefix>`` when given."""
     raw = prefix or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
@@ -88,11 +102,8 @@ class FleetRegistry:
     async def register(self, info: WorkerInfo, lease: float) -> None:
         """Create or refresh the worker's lease and add it to the member set."""
         with redis_errors("register worker"):
-            lease_key, members = Keys.one_slot([self._lease_key(info.id), self.keys.workers])
-            async with self._r.pipeline(transaction=True) as pipe:
-                pipe.set(lease_key, _enc.encode(info), px=int(lease * 1000))
-                pipe.sadd(members, info.id)
-                await pipe.execute()
+            keys = Keys.one_slot([self._lease_key(info.id), self.keys.workers])
+            await self._r.eval(_REGISTER, 2, *keys, info.id, _enc.encode(info), int(lease * 1000))
 
     async def renew(self, info: WorkerInfo, lease: float) -> bool:
         """Extend the worker's lease; return False when it had already expired.
@@ -107,11 +118,8 @@ class FleetRegistry:
     async def deregister(self, worker: str) -> None:
         """Remove the worker's lease and membership (safe to call twice)."""
         with redis_errors("deregister worker"):
-            lease_key, members = Keys.one_slot([self._lease_key(worker), self.keys.workers])
-            async with self._r.pipeline(transaction=True) as pipe:
-                pipe.delete(lease_key)
-                pipe.srem(members, worker)
-                await pipe.execute()
+            keys = Keys.one_slot([self._lease_key(worker), self.keys.workers])
+            await self._r.eval(_DEREGISTER, 2, *keys, worker)
 
     async def members(self) -> tuple[dict[str, WorkerInfo], set[str]]:
         """Return (live workers by id, registered ids whose lease has expired)."""

@@ -19,6 +19,14 @@ from .._settings import Settings
 from ._connect import redis_errors
 from ._keys import Keys
 
+# Record the shard count and creation time if absent; return the recorded count. A script,
+# not MULTI/EXEC: one plain command on Redis Cluster too (see shared/fleet/_registry.py).
+_ENSURE = """
+redis.call('HSETNX', KEYS[1], 'shards', ARGV[1])
+redis.call('HSETNX', KEYS[1], 'created_at', ARGV[2])
+return redis.call('HGET', KEYS[1], 'shards')
+"""
+
 DEFAULT_SHARDS = 64
 """The shard count of a fleet created by a process that does not set ``fleet.shards``."""
 
@@ -54,11 +62,7 @@ async def ensure_fleet(redis_client: redis.asyncio.Redis, fleet: str, shards: in
         raise ConfigError(f"fleet {fleet}: shards must be >= 1 (or 0: the fleet's own count), got {shards}")
     key = Keys(fleet).meta
     with redis_errors("ensure_fleet"):
-        async with redis_client.pipeline(transaction=True) as pipe:
-            pipe.hsetnx(key, "shards", str(shards or DEFAULT_SHARDS))
-            pipe.hsetnx(key, "created_at", repr(time.time()))
-            pipe.hget(key, "shards")
-            _, _, recorded = await pipe.execute()
+        recorded = await redis_client.eval(_ENSURE, 1, key, str(shards or DEFAULT_SHARDS), repr(time.time()))
     return _checked(fleet, shards, recorded)
 
 
@@ -83,11 +87,9 @@ def ensure_fleet_sync(redis_client: redis.Redis, fleet: str, shards: int) -> int
         raise ConfigError(f"fleet {fleet}: shards must be >= 1 (or 0: the fleet's own count), got {shards}")
     key = Keys(fleet).meta
     with redis_errors("ensure_fleet"):
-        pipe = redis_client.pipeline(transaction=True)
-        pipe.hsetnx(key, "shards", str(shards or DEFAULT_SHARDS))
-        pipe.hsetnx(key, "created_at", repr(time.time()))
-        pipe.hget(key, "shards")
-        recorded: object = pipe.execute()[2]
+        recorded: object = redis_client.eval(
+            _ENSURE, 1, key, str(shards or DEFAULT_SHARDS), repr(time.time())
+        )
     return _checked(fleet, shards, recorded)
 
 
