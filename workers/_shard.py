@@ -42,7 +42,7 @@ from shared import (
     OutcomeUnknown,
     TransientError,
 )
-from shared._aio import cancel_until_done
+from shared._aio import cancel_until_done, raise_if_cancelling
 from shared._logging import kv
 from shared.commit import (
     list_unfinished,
@@ -330,8 +330,15 @@ class ShardRunner(IntakeMixin, ActionsMixin):
             # Every worker-wide slot is taken: show that this work waits for one.
             await self._board().put(work_label(key), self._flight(work, key, since, "queued"))
         await self.ctx.inflight.acquire()
+        try:
+            task = self._tg.create_task(self._run_work(work, key, since))
+        except RuntimeError:
+            # The session's task group is ending (a sibling failed, or the shard stops)
+            # between our last await and here: give the slot back and end with it.
+            self.ctx.inflight.release()
+            raise_if_cancelling()
+            raise
         self._running.add(key)
-        task = self._tg.create_task(self._run_work(work, key, since))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
