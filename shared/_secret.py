@@ -155,10 +155,14 @@ def split_redis_url(url: str) -> tuple[str, str | None]:
     return f"{scheme}://{rest}", (password or None)
 
 
-def masked_url(url: str) -> str:
-    """Return ``url`` fit to print: any password replaced by the mask."""
+def masked_url(url: str, *, has_password: bool = False) -> str:
+    """Return ``url`` fit to print: any password replaced by the mask.
+
+    ``has_password``: show the mask even though ``url`` itself holds no
+    password (it was moved into a setting of its own).
+    """
     clean, password = split_redis_url(url)
-    if password is None:
+    if password is None and not has_password:
         return clean
     scheme, _, rest = clean.partition("://")
     user, at, host = rest.rpartition("@")

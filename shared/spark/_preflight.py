@@ -117,7 +117,7 @@ def _check_redis(config: ProducerConfig) -> list[str]:
     from ..queue import connect_sync
 
     # The URL holds no password (ProducerConfig moved it into redis_password).
-    shown = masked_url(config.redis_url) if config.redis_password else config.redis_url
+    shown = masked_url(config.redis_url, has_password=bool(config.redis_password))
     where = f"redis {shown}"
     try:
         # The publisher's own client: a cluster URL gets a cluster client (which connects now).

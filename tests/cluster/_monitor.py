@@ -123,6 +123,8 @@ _KEYLESS = frozenset(
         "AUTH",
     }
     | {"COMMAND", "TIME", "DBSIZE", "CLUSTER", "READONLY", "ECHO", "FLUSHALL", "CONFIG", "MONITOR", "XINFO"}
+    # Classic pub/sub (the lock release notices) names channels, not keys: a cluster broadcasts it.
+    | {"PUBLISH", "SUBSCRIBE", "UNSUBSCRIBE"}
 )
 
 
