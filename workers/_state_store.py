@@ -253,7 +253,8 @@ class ShardStateStore:
         if current is not None:
             raise Fenced(f"shard {self.shard} is now owned by {current!r}, not {self.token!r}")
         if self._wait[0]:
-            await wait_replicated(self._r, self._keys.shard_state(self.shard, "wait"), *self._wait)
+            with redis_errors("wait for replicas of the shard state"):
+                await wait_replicated(self._r, self._keys.shard_state(self.shard, "wait"), *self._wait)
 
     async def forget_ended(self, jobs: Iterable[str]) -> None:
         """Drop the records of ended jobs past their retention."""
