@@ -27,6 +27,7 @@ import redis.asyncio
 import redis.exceptions
 
 from .._aio import TaskGroup
+from .._redis_py import CAUGHT, is_redis_failure
 from ._io import run_shielded
 
 log = logging.getLogger("shared.locks")
@@ -61,7 +62,9 @@ class RedisReleaseNotifier:
         """Publish the notice; a Redis failure is logged, not raised (waiters fall back to polling)."""
         try:
             await self._redis.publish(self.channel(name), b"1")
-        except (redis.exceptions.RedisError, OSError) as exc:
+        except CAUGHT as exc:
+            if not is_redis_failure(exc):
+                raise
             log.info("lock %s: release notice not published: %r", name, exc)
 
     @contextlib.asynccontextmanager
@@ -76,7 +79,9 @@ class RedisReleaseNotifier:
         try:
             try:
                 await pubsub.subscribe(self.channel(name))
-            except (redis.exceptions.RedisError, OSError) as exc:
+            except CAUGHT as exc:
+                if not is_redis_failure(exc):
+                    raise
                 log.info("lock %s: not subscribed to release notices: %r", name, exc)
                 yield
                 return
@@ -97,7 +102,9 @@ class RedisReleaseNotifier:
                 msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
                 if msg is not None and msg.get("type") == "message":
                     event.set()
-        except (redis.exceptions.RedisError, OSError) as exc:
+        except CAUGHT as exc:
+            if not is_redis_failure(exc):
+                raise
             log.info("lock %s: release notices stopped: %r", name, exc)
 
 
@@ -159,7 +166,9 @@ class SharedReleaseNotifier:
                 await pubsub.subscribe(channel)
             else:
                 await pubsub.unsubscribe(channel)
-        except (redis.exceptions.RedisError, OSError) as exc:
+        except CAUGHT as exc:
+            if not is_redis_failure(exc):
+                raise
             log.info("lock release notices: %s %s not sent: %r", what, channel.decode(), exc)
 
     async def run(self) -> None:
@@ -190,7 +199,9 @@ class SharedReleaseNotifier:
                     if msg is not None and msg.get("type") == "message":
                         for event in self._waiters.get(msg["channel"], ()):
                             event.set()
-            except (redis.exceptions.RedisError, OSError) as exc:
+            except CAUGHT as exc:
+                if not is_redis_failure(exc):
+                    raise
                 log.info("lock release notices interrupted, waiters poll meanwhile: %r", exc)
             finally:
                 self._pubsub = None

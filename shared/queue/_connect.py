@@ -19,7 +19,6 @@ must know that a read was lost, see ShardConsumer).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -31,6 +30,7 @@ import redis.exceptions as rx
 import redis.retry
 
 from .._errors import ConfigError, NotFound, Throttled, TransientError
+from .._redis_py import raised_in_redis_py
 from .._redis_url import is_cluster_url
 from .._settings import RedisSettings
 from ._cluster import connect_cluster, connect_cluster_sync
@@ -98,19 +98,6 @@ def connect_sync(settings: RedisSettings, *, client_name: str | None = None) -> 
 
 
 # redis-py's RedisClusterException texts that mean "the cluster is not reachable or not settled".
-_REDIS_PY = os.path.dirname(os.path.abspath(redis.__file__)) + os.sep
-
-
-def _raised_in_redis_py(exc: BaseException) -> bool:
-    """Return True when the innermost frame of ``exc``'s traceback is redis-py's code."""
-    tb = exc.__traceback__
-    if tb is None:
-        return False
-    while tb.tb_next is not None:
-        tb = tb.tb_next
-    return os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(_REDIS_PY)
-
-
 _CLUSTER_TRANSIENT = ("cannot be connected", "could not agree", "are not covered", "No targets were found")
 
 
@@ -161,7 +148,7 @@ def redis_errors(what: str) -> Iterator[None]:
     except AttributeError as exc:
         # redis-py's own code can trip over a connection closed under it (seen on a
         # cluster failover: its writer set to None mid-send); ours propagates as a bug.
-        if not _raised_in_redis_py(exc):
+        if not raised_in_redis_py(exc):
             raise
         raise TransientError(f"redis client lost its connection during {what}: {exc}") from exc
     except rx.ResponseError as exc:

@@ -20,3 +20,25 @@ def test_our_own_attribute_error_is_a_bug_and_propagates() -> None:
     value: object = None
     with pytest.raises(AttributeError), redis_errors("build args"):
         value.encode()  # type: ignore[attr-defined]
+
+
+class _ClosedUnder:
+    """A client whose PUBLISH hits redis-py's send on a connection dropped under it."""
+
+    async def publish(self, channel: str, message: bytes) -> int:
+        await redis.asyncio.connection.Connection()._send_packed_command([b"PUBLISH"])
+        return 0
+
+
+class _Buggy:
+    async def publish(self, channel: str, message: bytes) -> int:
+        value: object = None
+        return value.bit_length()  # type: ignore[attr-defined,no-any-return]
+
+
+async def test_a_release_notice_lost_to_redis_py_is_logged_not_raised() -> None:
+    from shared.locks import RedisReleaseNotifier
+
+    await RedisReleaseNotifier(_ClosedUnder(), "f").released("ds")  # type: ignore[arg-type]
+    with pytest.raises(AttributeError):
+        await RedisReleaseNotifier(_Buggy(), "f").released("ds")  # type: ignore[arg-type]
