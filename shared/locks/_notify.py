@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from typing import Protocol
+from typing import Any, Protocol
 
 import redis.asyncio
 import redis.exceptions
@@ -161,6 +161,11 @@ class SharedReleaseNotifier:
         pubsub = self._pubsub
         if pubsub is None:
             return  # not running: run() subscribes to every watched channel when it (re)connects
+        conn: Any = pubsub.connection  # typed None by redis-py until it connects
+        if conn is None or not conn.is_connected:
+            # Sending now would make redis-py reconnect (and read the handshake) here while
+            # run() reads the same connection; run() re-subscribes everything when it reconnects.
+            return
         try:
             if what == "subscribe":
                 await pubsub.subscribe(channel)
