@@ -15,7 +15,7 @@ from ..storage import ObjectInfo, ObjectStore
 from ._bounded import for_each_bounded
 from ._errors import CommitStepFailed
 from ._execute import commit_policy, execute_sequence, run_claimed
-from ._model import CommitRequest
+from ._model import CommitRequest, Manifest
 from ._plan import plan_commit
 from ._publish import PublishFile
 from ._publish_phase import list_staging
@@ -24,6 +24,18 @@ from ._registry import StepRegistry
 from ._results import CommitResult
 from ._steps import CommitStep, read_manifest
 from ._wal import CommitSequence, claim_sequence, create_sequence, with_retry
+
+
+def _found_committed(req: CommitRequest, manifest: Manifest) -> CommitResult:
+    """Return the result of a commit whose manifest was already in the store."""
+    return CommitResult(
+        dataset=req.dataset,
+        job=req.job,
+        status="committed",
+        files=len(manifest.files),
+        bytes=manifest.bytes,
+        already_committed=True,
+    )
 
 
 async def _survey(
@@ -68,14 +80,7 @@ async def _fresh(
     if not publishes or any(s.src not in staged for s in publishes):
         manifest = await read_manifest(store, req.dataset, req.job)
         if manifest is not None:
-            return CommitResult(
-                dataset=req.dataset,
-                job=req.job,
-                status="committed",
-                files=len(manifest.files),
-                bytes=manifest.bytes,
-                already_committed=True,
-            )
+            return _found_committed(req, manifest)
     handle, created = await create_sequence(
         store, seq, lease, policy=commit_policy(settings), registry=registry, clock=clock
     )
@@ -164,15 +169,7 @@ async def commit_dataset(
     except CommitStepFailed as exc:
         return blocked(req.job, str(exc), recovered_jobs)
     if manifest is not None:
-        res = CommitResult(
-            dataset=req.dataset,
-            job=req.job,
-            status="committed",
-            files=len(manifest.files),
-            bytes=manifest.bytes,
-            already_committed=True,
-        )
-        return finish(res, recovered_jobs)
+        return finish(_found_committed(req, manifest), recovered_jobs)
 
     seq = plan_commit(req, lease.epoch, now=clock(), extra_steps=extra_steps)
     try:
