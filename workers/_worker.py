@@ -58,7 +58,7 @@ from shared.fleet import (
     wait_until_up,
     worker_info,
 )
-from shared.locks import SharedReleaseNotifier, run_shielded
+from shared.locks import run_shielded
 from shared.queue import AdminPublisher, Keys, connect, join_fleet
 from shared.storage import open_store
 
@@ -170,7 +170,10 @@ class Worker:
                     ),
                     limits=ValidationLimits.from_settings(s.security, fleet=s.fleet.name),
                     inflight=asyncio.Semaphore(s.worker.max_inflight_datasets),
-                    notifier=SharedReleaseNotifier(redis_client, keys.fleet_key("locks")),
+                    # Off until only its run() task touches the pub/sub connection: a waiter's
+                    # SUBSCRIBE could make redis-py reconnect while run() reads (a worker crash
+                    # across a Redis restart). Waiters in other processes poll meanwhile.
+                    notifier=None,
                 )
                 started = time.time()
                 joined = await wait_until_up(
