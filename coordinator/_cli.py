@@ -24,14 +24,14 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
-import msgspec
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from shared import CommitfleetError, ConfigError, Settings, TransientError, load_settings
-from shared._logging import configure_logging
-from shared.fleet import EXIT_CRASHED, ProcessCrashed
+
+# Each command imports what it uses in its body: `commitfleet status` and `--help` must not pay
+# for the worker, the coordinator's HTTP server, the commit core or a cloud SDK
+# (tests/unit/test_cli_imports.py checks it, tests/bench/status_latency.py measures it).
 
 T = TypeVar("T")
 
@@ -60,6 +60,8 @@ def _settings(config: Path | None, overrides: dict[str, Any] | None = None) -> S
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:
     """Run ``coro``; a ConfigError, an unreachable service or a crash ends the command with one line."""
+    from shared.fleet import EXIT_CRASHED, ProcessCrashed
+
     try:
         return asyncio.run(coro)
     except ProcessCrashed as exc:
@@ -79,6 +81,7 @@ def worker(
     worker_id: Annotated[str, typer.Option("--id", help="Worker id (default: host-pid-random).")] = "",
 ) -> None:
     """Run a worker: owned shards -> event intake -> commit / abort / recovery."""
+    from shared._logging import configure_logging
     from workers import run_worker
 
     s = _settings(config)
@@ -94,6 +97,8 @@ def coordinator(
     coordinator_id: Annotated[str, typer.Option("--id", help="Coordinator id.")] = "",
 ) -> None:
     """Run a coordinator: leader election, shard assignment, admin API."""
+    from shared._logging import configure_logging
+
     from ._coordinator import run_coordinator
 
     overrides: dict[str, Any] = {}
@@ -136,7 +141,7 @@ def status(
     ] = False,
 ) -> None:
     """Show a summary (per shard: open jobs, queued, running, quarantined, lag) and the top of each list."""
-    from ._cli_ops import get_status
+    from ._status import get_status
 
     s = _settings(config)
     doc = _run(get_status(s))
@@ -205,6 +210,9 @@ def audit(
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """Check a store root against the exactly-once invariant; exit 1 on any violation."""
+    import msgspec
+    from rich.table import Table
+
     from ._cli_ops import run_audit
 
     s = _settings(config)
@@ -299,6 +307,8 @@ def bench(
     core against a sequential single driver on the configured store; a temporary local one by default),
     or cluster (the fleet mode on one Redis node and on a throwaway 3-master Redis Cluster, per worker
     count)."""
+    import msgspec
+
     s = _settings(config)
     if what == "intake":
         from ._bench import run_bench

@@ -1,4 +1,4 @@
-"""The async bodies of the CLI's operator commands (status, events, retry/skip, audit)."""
+"""The async bodies of the CLI's operator commands (events, retry/skip, audit; status is in ``_status``)."""
 
 from __future__ import annotations
 
@@ -7,14 +7,13 @@ import json
 import time
 from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis.asyncio
 from rich.console import Console
 
 from shared import BadInput, ConfigError, OutcomeUnknown, Settings, TransientError
 from shared._aio import cancel_until_done
-from shared.commit import AuditReport, CommitStepFailed, audit, list_unfinished
 from shared.events import (
     AdminEvent,
     OperatorAction,
@@ -23,7 +22,6 @@ from shared.events import (
     check_job,
     encode_admin,
 )
-from shared.locks import run_shielded
 from shared.queue import (
     Keys,
     connect,
@@ -33,11 +31,14 @@ from shared.queue import (
     redis_errors,
     shard_of,
 )
-from shared.storage import open_store
 
-from ._http import event_matches
-from ._requests import request_value
-from ._status import fleet_status
+from ._requests import event_matches, request_value
+
+if TYPE_CHECKING:
+    from shared.commit import AuditReport
+
+# The commit core, the lock service and the storage adapters are imported by the commands that use
+# them: retry and skip must not pay for them when no store is configured (tests/unit/test_cli_imports.py).
 
 console = Console()
 T = TypeVar("T")
@@ -65,6 +66,8 @@ async def _stoppable(coro: Coroutine[Any, Any, T], *, limit_s: float | None = No
     Cancelled: the child is cancelled (again, until it has ended), then the
     cancellation propagates.
     """
+    from shared.locks import run_shielded
+
     task = asyncio.ensure_future(coro)
     try:
         done, _ = await asyncio.wait([task], timeout=limit_s)
@@ -74,18 +77,6 @@ async def _stoppable(coro: Coroutine[Any, Any, T], *, limit_s: float | None = No
     if not done:
         raise TimeoutError
     return task.result()
-
-
-async def get_status(s: Settings) -> dict[str, Any]:
-    """Return the fleet's status document, from Redis only (the workers record quarantines there).
-
-    Raises:
-        ConfigError: no such fleet, or ``fleet.shards`` disagrees with the fleet's record.
-        TransientError: Redis unavailable.
-    """
-    async with _redis(s) as r:
-        s = await existing_fleet(r, s)
-        return await fleet_status(r, Keys(s.fleet.name), s)
 
 
 def _line(entry_id: bytes, ev: AdminEvent, as_json: bool) -> str:
@@ -163,6 +154,9 @@ async def operator_request(s: Settings, dataset: str, job: str, op: str, *, wait
         raise ConfigError(str(exc)) from None
     keys = Keys(s.fleet.name)
     if s.store.url:
+        from shared.commit import list_unfinished
+        from shared.storage import open_store
+
         async with open_store(s.store.url, s.store) as store:
             found = [u for u in await list_unfinished(store, dataset) if u.job == job]
         if not found:
@@ -191,6 +185,8 @@ async def operator_request(s: Settings, dataset: str, job: str, op: str, *, wait
                 if ev.outcome == "refused":
                     raise ConfigError(f"{op} of {dataset} / {job} refused by {ev.worker}: {ev.detail}")
                 if again is not None:
+                    from shared.commit import CommitStepFailed
+
                     raise CommitStepFailed(
                         f"{op} of {dataset} / {job} by {ev.worker}: quarantined again: {again}"
                     )
@@ -208,5 +204,8 @@ async def operator_request(s: Settings, dataset: str, job: str, op: str, *, wait
 
 async def run_audit(s: Settings, url: str) -> AuditReport:
     """Return the audit report of the store at ``url``."""
+    from shared.commit import audit
+    from shared.storage import open_store
+
     async with open_store(url, s.store) as store:
         return await audit(store)

@@ -41,6 +41,7 @@ from shared.queue._entry import entries_from_reply
 
 from . import _ui
 from ._metrics import CONTENT_TYPE, FleetMetrics
+from ._requests import event_matches
 from ._status import fleet_status
 from ._ui_auth import allowed_hosts, authorized, check_bind, host_allowed
 from ._ui_history import CommitHistory, window_start_id
@@ -48,15 +49,6 @@ from ._ui_history import CommitHistory, window_start_id
 log = logging.getLogger("coordinator.http")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def event_matches(ev: AdminEvent, *, types: set[str], dataset: str | None, job: str | None) -> bool:
-    """Return True when ``ev`` passes the filters (empty/None = no filter)."""
-    if types and str(type(ev).__struct_config__.tag) not in types:
-        return False
-    if dataset is not None and getattr(ev, "dataset", None) != dataset:
-        return False
-    return job is None or getattr(ev, "job", None) == job
 
 
 # How long one status document answers /status and /metrics requests.

@@ -2,23 +2,29 @@
 
 Used by the admin API (``GET /status``), the CLI (``commitfleet status``) and
 the Prometheus metrics.
+
+``commitfleet status`` imports this module: it imports only what reading Redis
+needs (not the commit core, the storage adapters or the HTTP server), so the
+command answers in about the time Python, Typer and redis-py take to start
+(tests/unit/test_cli_imports.py, tests/bench/status_latency.py).
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import redis.asyncio
 import redis.exceptions as rx
 
 from shared import Settings
-from shared.commit import list_unfinished
 from shared.fleet import FleetRegistry
-from shared.queue import DEFAULT_GROUP, Keys, as_text, redis_errors, shard_of
-from shared.storage import ObjectStore
+from shared.queue import DEFAULT_GROUP, Keys, as_text, connect, existing_fleet, redis_errors, shard_of
 from workers import STATE_VERSION, JobMeta, read_in_flight
+
+if TYPE_CHECKING:
+    from shared.storage import ObjectStore
 
 _meta_dec = msgspec.json.Decoder(JobMeta)
 
@@ -173,6 +179,8 @@ async def fleet_status(
                 elif ds.status == "quarantined":
                     quarantined[(name, meta.job)] = {"dataset": name, "job": meta.job, "reason": ds.reason}
     if store is not None:
+        from shared.commit import list_unfinished  # the commit core: only the admin API passes a store
+
         for u in await list_unfinished(store):
             if u.quarantined is not None:
                 quarantined.setdefault(
@@ -206,3 +214,18 @@ async def fleet_status(
         "counters": {k: (float(v) if "." in v else int(v)) for k, v in counters.items()},
         "at": time.time(),
     }
+
+
+async def get_status(s: Settings) -> dict[str, Any]:
+    """Return the fleet's status document, from Redis only (the workers record quarantines there).
+
+    Raises:
+        ConfigError: no such fleet, or ``fleet.shards`` disagrees with the fleet's record.
+        TransientError: Redis unavailable.
+    """
+    r = connect(s.redis, client_name="commitfleet-cli")
+    try:
+        s = await existing_fleet(r, s)
+        return await fleet_status(r, Keys(s.fleet.name), s)
+    finally:
+        await r.aclose()

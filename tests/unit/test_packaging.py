@@ -17,7 +17,7 @@ COMMANDS = {
     "worker": ["workers"],
     "coordinator": ["coordinator._coordinator"],
     "events": ["coordinator._cli_ops"],
-    "status": ["coordinator._cli_ops", "coordinator._status_text"],
+    "status": ["coordinator._status", "coordinator._status_text"],
     "retry": ["coordinator._cli_ops"],
     "skip": ["coordinator._cli_ops"],
     "wait": ["coordinator._wait"],
