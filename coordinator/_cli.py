@@ -187,7 +187,8 @@ def wait(
     timeout: Annotated[float, typer.Option(help="Seconds to wait for every outcome.")] = 900.0,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per dataset.")] = False,
 ) -> None:
-    """Wait for a job's outcome: exit 0 all committed, 1 some not, 2 bad usage, 3 no Redis, 124 timeout."""
+    """Wait for a job's outcome: exit 0 all committed, 1 some not, 2 bad usage, 3 no Redis,
+    4 some result no longer kept (outcome unknown), 124 timeout."""
     from ._wait import exit_code, outcome_rows, wait_outcome
 
     s = _settings(config)

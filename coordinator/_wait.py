@@ -2,8 +2,11 @@
 
 Exit codes: 0 every dataset committed; 1 some dataset aborted (failed,
 cancelled, timed out, skipped), quarantined or blocked; 2 bad usage or
-configuration (no such fleet, bad names); 3 Redis unreachable; 124 no
-outcome for some dataset within ``--timeout`` (the job may still commit).
+configuration (no such fleet, bad names); 3 Redis unreachable; 4 the job
+ended but some dataset's result is no longer kept (``queue.results_max`` per
+shard, or older than a day; none failed): its outcome is unknown here, its
+manifest says (row status ``unknown``); 124 no outcome for some dataset within
+``--timeout`` (the job may still commit).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from shared.queue import JobOutcome, Keys, connect, read_fleet_meta, read_outcom
 
 EXIT_COMMITTED = 0
 EXIT_NOT_COMMITTED = 1
+EXIT_FORGOTTEN = 4
 EXIT_TIMEOUT = 124
 
 POLL_MIN_S = 0.05
@@ -84,6 +88,8 @@ def exit_code(outcome: JobOutcome, complete: bool) -> int:
         return EXIT_NOT_COMMITTED
     if not complete:
         return EXIT_TIMEOUT
+    if outcome.forgotten:
+        return EXIT_FORGOTTEN
     return EXIT_COMMITTED
 
 
@@ -105,11 +111,17 @@ def outcome_rows(outcome: JobOutcome) -> list[dict[str, object]]:
         rows.append(
             {"dataset": name, "status": "pending", "reason": "", "files": 0, "bytes": 0, "manifest": ""}
         )
+    for name in outcome.forgotten:
+        why = "the job ended; its result is no longer kept (queue.results_max): see its manifest"
+        rows.append(
+            {"dataset": name, "status": "unknown", "reason": why, "files": 0, "bytes": 0, "manifest": ""}
+        )
     return rows
 
 
 __all__ = [
     "EXIT_COMMITTED",
+    "EXIT_FORGOTTEN",
     "EXIT_NOT_COMMITTED",
     "EXIT_TIMEOUT",
     "exit_code",

@@ -313,7 +313,10 @@ class QueueSettings(_Section, frozen=True):
     remembers an ended job for ``ended_retention`` seconds, to drop (and clean
     up after) late events of it. The admin outcome markers (one per announced
     dataset and job) are capped at ``outcome_markers_max``, oldest forgotten
-    first, and none is kept longer than ``ended_retention``.
+    first, and none is kept longer than ``ended_retention``. The job results
+    (what a job's driver and ``commitfleet wait`` read) are capped at
+    ``results_max`` per shard, oldest forgotten first, besides their one-day
+    retention.
     """
 
     trim_interval: float = 10.0
@@ -321,6 +324,7 @@ class QueueSettings(_Section, frozen=True):
     dead_letter_max_age: float = 14 * 86400.0
     ended_retention: float = 7 * 86400.0
     outcome_markers_max: int = 100_000
+    results_max: int = 10_000
 
     def __post_init__(self) -> None:
         if self.trim_interval < 0:
@@ -331,6 +335,8 @@ class QueueSettings(_Section, frozen=True):
             raise ValueError("queue.ended_retention must be > 0")
         if self.outcome_markers_max < 1:
             raise ValueError("queue.outcome_markers_max must be >= 1")
+        if self.results_max < 1:
+            raise ValueError("queue.results_max must be >= 1")
 
 
 class LogSettings(_Section, frozen=True):

@@ -159,6 +159,7 @@ class ShardRunner(IntakeMixin, ActionsMixin):
             token,
             wait_replicas=ctx.settings.redis.wait_replicas,
             wait_timeout=ctx.settings.redis.wait_timeout,
+            results_max=ctx.settings.queue.results_max,
         )
         state = await load_or_set_aside(ctx, self.store, self.stopping)  # waits while unreadable
         if state is None:

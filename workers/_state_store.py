@@ -7,6 +7,8 @@ Keys (all in the shard's slot, see :class:`shared.queue.Keys`)::
     ...:{s<n>}:state:attempts  hash "<job>/<dataset>/<task>/<attempt>" -> Attempt JSON
     ...:{s<n>}:state:ended     hash job -> Ended JSON (ended jobs, to drop late events)
     ...:{s<n>}:result:<job>    hash dataset -> DatasetResult JSON (what the job's driver waits for)
+    ...:{s<n>}:state:results   sorted set "<job>\\n<dataset>" -> when its result was written (ms):
+                               the results' age order, to keep at most ``results_max`` per shard
     ...:{s<n>}:state:aside     hash: why the shard is set aside (only while it is)
 
 Every record carries ``v`` (:data:`STATE_VERSION`); one that does not decode,
@@ -24,6 +26,7 @@ as one msgpack argument: redis-py packs each command argument in Python, and a
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -48,6 +51,11 @@ from ._jobstate import STATE_VERSION, Attempt, Ended, JobMeta, ShardJobs, attemp
 
 _R = TypeVar("_R", JobMeta, Attempt, Ended)
 
+DEFAULT_RESULTS_MAX = 10_000
+"""Job results kept at most per shard (the default of ``queue.results_max``)."""
+RESULTS_INDEX = "results"
+"""The shard-state key (``state:results``) that orders the shard's job results by age."""
+
 _meta_dec = msgspec.json.Decoder(JobMeta)
 _attempt_dec = msgspec.json.Decoder(Attempt)
 _ended_dec = msgspec.json.Decoder(Ended)
@@ -55,14 +63,20 @@ _enc = msgspec.json.Encoder()
 _pack = msgspec.msgpack.Encoder().encode
 
 
-# KEYS: owner, jobs, attempts, ended, stream, then one result hash per batch.results job.
+# KEYS: owner, jobs, attempts, ended, stream, results index, then one result hash per batch.results job.
 # ARGV: token, group, result retention (s), msgpack of
-#   [jobs flat, attempts flat, ended flat, ended names, dropped attempts, ack ids, results]
+#   [jobs flat, attempts flat, ended flat, ended names, dropped attempts, ack ids, results, result jobs]
 # where each "flat" is [field, value, field, value, ...] and results is, per
-# result key (in KEYS order from 6), [dataset, value, dataset, value, ...].
+# result key (in KEYS order from 7), [dataset, value, dataset, value, ...], whose
+# job names are in result jobs; then results_max, now (ms), the result keys' prefix.
 # Returns false when written, else the current owner token (or "" when none):
 # the comparison and every write are one atomic script, so a fenced worker
 # writes nothing and acknowledges nothing.
+#
+# Results beyond results_max (the oldest first), and those older than the retention,
+# are forgotten in the same script that writes one: the cap holds after every save.
+# Their hashes are named from the prefix inside the script: every one carries the
+# shard's hash tag, the slot of the declared keys.
 _SAVE_LUA = """
 local owner = redis.call('GET', KEYS[1])
 if owner ~= ARGV[1] then return owner or '' end
@@ -83,10 +97,30 @@ chunks('HSET', KEYS[4], b[3])
 chunks('HDEL', KEYS[2], b[4])
 chunks('HDEL', KEYS[3], b[5])
 chunks('XACK', KEYS[5], b[6], ARGV[2])
+local now = tonumber(ARGV[6])
+-- Scores follow the write order (ms, moved past the newest so that the same millisecond,
+-- or an owner whose clock is behind, never puts a newer result before an older one).
+local seq = now
+local top = redis.call('ZRANGE', KEYS[6], -1, -1, 'WITHSCORES')
+if top[2] and tonumber(top[2]) >= seq then seq = tonumber(top[2]) + 1 end
 for i, flat in ipairs(b[7]) do
-  chunks('HSET', KEYS[5 + i], flat)
-  redis.call('EXPIRE', KEYS[5 + i], ARGV[3])
+  chunks('HSET', KEYS[6 + i], flat)
+  redis.call('EXPIRE', KEYS[6 + i], ARGV[3])
+  for j = 1, #flat, 2 do
+    redis.call('ZADD', KEYS[6], seq, b[8][i] .. '\\n' .. flat[j])
+    seq = seq + 1
+  end
 end
+local function forget(members)
+  for _, m in ipairs(members) do
+    local nl = string.find(m, '\\n', 1, true)
+    redis.call('HDEL', ARGV[7] .. string.sub(m, 1, nl - 1), string.sub(m, nl + 1))
+    redis.call('ZREM', KEYS[6], m)
+  end
+end
+forget(redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', now - 1000 * tonumber(ARGV[3]), 'LIMIT', 0, 1000))
+local over = redis.call('ZCARD', KEYS[6]) - tonumber(ARGV[5])
+if over > 0 then forget(redis.call('ZRANGE', KEYS[6], 0, over - 1)) end
 return false
 """
 
@@ -141,7 +175,12 @@ class ShardStateStore:
         *,
         wait_replicas: int = 0,
         wait_timeout: float = 1.0,
+        results_max: int = DEFAULT_RESULTS_MAX,
     ) -> None:
+        """``results_max``: job results kept at most on this shard (``queue.results_max``)."""
+        if results_max < 1:
+            raise ValueError("results_max must be >= 1")
+        self._results_max = results_max
         self._r = redis_client
         # redis.wait_replicas: each save waits for that many replicas (docs/queue.md "Redis Cluster").
         self._wait = (wait_replicas, wait_timeout)
@@ -153,7 +192,15 @@ class ShardStateStore:
         self._attempts = keys.shard_state(shard, "attempts")
         self._ended = keys.shard_state(shard, "ended")
         self._stream = keys.events(shard)
-        self._fixed_keys = [self._owner, self._jobs, self._attempts, self._ended, self._stream]
+        self._fixed_keys = [
+            self._owner,
+            self._jobs,
+            self._attempts,
+            self._ended,
+            self._stream,
+            keys.shard_state(shard, RESULTS_INDEX),
+        ]
+        self._result_prefix = keys.job_result(shard, "")
         self._save = redis_client.register_script(_SAVE_LUA)
 
     async def check_owner(self) -> None:
@@ -246,10 +293,13 @@ class ShardStateStore:
             per_job.setdefault(job, []).extend((dataset, encode_result(result).decode()))
         # Stream ids are ASCII; msgpack "str" is what Redis's cmsgpack reads (it has no "bin").
         ack = [i.decode("ascii") for i in batch.ack]
-        blob = _pack([jobs, attempts, ended, ended_names, batch.drop_attempts, ack, list(per_job.values())])
+        results = list(per_job.values())
+        blob = _pack([jobs, attempts, ended, ended_names, batch.drop_attempts, ack, results, list(per_job)])
         keys = [*self._fixed_keys, *(self._keys.job_result(self.shard, job) for job in per_job)]
+        args: list[bytes | str | int] = [self.token, DEFAULT_GROUP, RESULT_RETENTION_S, blob]
+        args += [self._results_max, int(time.time() * 1000), self._result_prefix]
         with redis_errors("save shard state"):
-            current = await self._save(keys=keys, args=[self.token, DEFAULT_GROUP, RESULT_RETENTION_S, blob])
+            current = await self._save(keys=keys, args=args)
         if current is not None:
             raise Fenced(f"shard {self.shard} is now owned by {current!r}, not {self.token!r}")
         if self._wait[0]:

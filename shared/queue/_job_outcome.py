@@ -9,15 +9,19 @@
 - **Outcome** (fleet -> driver): ``cf:<fleet>:{s<n>}:result:<job>``, a hash
   ``dataset -> DatasetResult JSON`` written by the shard's owner in the same
   MULTI/EXEC as the dataset's status change, expiring after
-  :data:`RESULT_RETENTION_S`. ``commit_job`` and ``commitfleet wait`` read it.
+  :data:`RESULT_RETENTION_S`, and forgotten sooner, oldest first, beyond
+  ``queue.results_max`` results per shard. ``commit_job`` and ``commitfleet
+  wait`` read it; a result missing from a job that has ended on its shard
+  (``state:ended``) was forgotten: that dataset's outcome is unknown to the
+  reader (:attr:`JobOutcome.forgotten`), never waited for.
 
 Both keys carry the shard's hash tag, so every command touches one slot.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Final, Literal
+from collections.abc import Container, Iterable, Mapping
+from typing import Any, Final, Literal
 
 import msgspec
 import redis
@@ -96,17 +100,26 @@ def _decode(raw: bytes) -> DatasetResult:
 
 
 class JobOutcome(msgspec.Struct, frozen=True, kw_only=True):
-    """What the fleet has decided so far about a job's datasets (pure view)."""
+    """What the fleet has decided so far about a job's datasets (pure view).
+
+    ``missing``: no result yet, the job still open on the dataset's shard (wait).
+    ``forgotten``: no result, but the job has ended on the dataset's shard: its
+    result was written and has since been forgotten (``queue.results_max`` or
+    the one-day retention), so the outcome is unknown here; the dataset's
+    manifest (``<dataset>/_commits/<job>.json``) says whether it committed.
+    """
 
     results: dict[str, DatasetResult]
     missing: tuple[str, ...]
+    forgotten: tuple[str, ...] = ()
 
     @property
     def done(self) -> bool:
-        """True when every dataset has an answer: nothing more to wait for.
+        """True when no dataset is still to be answered: nothing more to wait for.
 
         Quarantined and blocked datasets count as answered: they wait for an
-        operator, which may take longer than any driver should.
+        operator, which may take longer than any driver should. Forgotten ones
+        too: their answer will not come again.
         """
         return not self.missing
 
@@ -117,16 +130,20 @@ class JobOutcome(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def ok(self) -> bool:
-        """True when every dataset is committed."""
-        return self.done and not self.failed
+        """True when every dataset is known to be committed."""
+        return self.done and not self.failed and not self.forgotten
 
 
-def outcome_of(datasets: Iterable[str], found: Mapping[str, DatasetResult]) -> JobOutcome:
-    """Return the outcome view of ``datasets`` given the records ``found`` (pure)."""
+def outcome_of(
+    datasets: Iterable[str], found: Mapping[str, DatasetResult], ended: Container[str] = ()
+) -> JobOutcome:
+    """Return the outcome view of ``datasets`` given the records ``found`` and the datasets
+    whose shard has ended the job (``ended``: a missing result there was forgotten) (pure)."""
     names = list(datasets)
     return JobOutcome(
         results={d: found[d] for d in names if d in found},
-        missing=tuple(d for d in names if d not in found),
+        missing=tuple(d for d in names if d not in found and d not in ended),
+        forgotten=tuple(d for d in names if d not in found and d in ended),
     )
 
 
@@ -142,20 +159,32 @@ def job_shards(datasets: Iterable[str], shards: int) -> list[int]:
     return sorted(_by_shard(datasets, shards))
 
 
-def _parse(by_shard: dict[int, list[str]], replies: list[Mapping[bytes, bytes]]) -> dict[str, DatasetResult]:
-    out: dict[str, DatasetResult] = {}
-    for (_shard, names), reply in zip(by_shard.items(), replies, strict=True):
-        for name in names:
+def _queue_reads(pipe: Any, keys: Keys, by_shard: dict[int, list[str]], job: str) -> None:
+    # Per shard: the job's results, and whether the job has ended there.
+    for shard in by_shard:
+        pipe.hgetall(keys.job_result(shard, job))
+        pipe.hexists(keys.shard_state(shard, "ended"), job)
+
+
+def _parse(names: list[str], by_shard: dict[int, list[str]], replies: list[Any]) -> JobOutcome:
+    found: dict[str, DatasetResult] = {}
+    ended: set[str] = set()
+    for i, shard_names in enumerate(by_shard.values()):
+        reply, job_ended = replies[2 * i], replies[2 * i + 1]
+        for name in shard_names:
             raw = reply.get(name.encode())
             if raw is not None:
-                out[name] = _decode(raw)
-    return out
+                found[name] = _decode(raw)
+            elif job_ended:
+                ended.add(name)
+    return outcome_of(names, found, ended)
 
 
 def read_outcome_sync(
     client: redis.Redis, keys: Keys, shards: int, job: str, datasets: Iterable[str]
 ) -> JobOutcome:
-    """Return the job's outcome so far: one ``HGETALL`` per shard, pipelined (one round trip).
+    """Return the job's outcome so far: one ``HGETALL`` and one ``HEXISTS`` of ``state:ended``
+    per shard, pipelined (one round trip).
 
     Raises:
         TransientError: Redis unavailable.
@@ -164,10 +193,9 @@ def read_outcome_sync(
     by_shard = _by_shard(names, shards)
     with redis_errors("read job results"):
         pipe = client.pipeline(transaction=False)
-        for shard in by_shard:
-            pipe.hgetall(keys.job_result(shard, job))
+        _queue_reads(pipe, keys, by_shard, job)
         replies = pipe.execute()
-    return outcome_of(names, _parse(by_shard, replies))
+    return _parse(names, by_shard, replies)
 
 
 async def read_outcome(
@@ -178,10 +206,9 @@ async def read_outcome(
     by_shard = _by_shard(names, shards)
     with redis_errors("read job results"):
         async with client.pipeline(transaction=False) as pipe:
-            for shard in by_shard:
-                pipe.hgetall(keys.job_result(shard, job))
+            _queue_reads(pipe, keys, by_shard, job)
             replies = await pipe.execute()
-    return outcome_of(names, _parse(by_shard, replies))
+    return _parse(names, by_shard, replies)
 
 
 def beat_sync(

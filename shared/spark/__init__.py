@@ -8,7 +8,7 @@ when they run, so workers and tools can import ``shared`` without a JVM.
 from ..queue import DatasetResult
 from ._config import ProducerConfig
 from ._job import JobCancelledError, JobContext, commit_job, new_job_id
-from ._outcome import JobNotCommitted, OutcomeTimeout, wait_for_outcome
+from ._outcome import JobNotCommitted, OutcomeForgotten, OutcomeTimeout, wait_for_outcome
 from ._session import local_spark_session
 from ._winners import TaskResult
 from ._writer import InjectedTaskFailure, WatermarkFn, Watermarks, max_watermark
@@ -16,6 +16,7 @@ from ._writer import InjectedTaskFailure, WatermarkFn, Watermarks, max_watermark
 __all__ = [
     "DatasetResult",
     "JobNotCommitted",
+    "OutcomeForgotten",
     "OutcomeTimeout",
     "wait_for_outcome",
     "InjectedTaskFailure",

@@ -64,7 +64,7 @@ class FinishMixin:
             lambda: read_outcome(self._config, self._job_id, self._datasets),
             publisher_for(self._config).policy,
         )
-        if ended.results:
+        if ended.results or ended.forgotten:
             self._fail_rest(ended)
         self._publish(
             JobFinished(

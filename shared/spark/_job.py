@@ -344,6 +344,9 @@ def commit_job(
             message names each dataset and its reason.
         OutcomeTimeout: waiting, no outcome within ``config.wait_timeout``
             (the job may still commit).
+        OutcomeForgotten: the fleet ended the job but no longer keeps some
+            datasets' results (``queue.results_max``): raised at once; each
+            dataset's manifest says whether it committed.
         Whatever the body raises, after ``JobFailed`` / ``JobCancelled``.
     """
     job = job_id or new_job_id(config.app)

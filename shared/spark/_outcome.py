@@ -64,6 +64,26 @@ class OutcomeTimeout(OutcomeUnknown):
         self.results = results
 
 
+class OutcomeForgotten(OutcomeUnknown):
+    """The fleet ended the job, but some datasets' results are no longer kept (``queue.results_max``
+    per shard, oldest first, or older than a day), so their outcome is unknown here.
+
+    Raised at once, not after the wait's timeout: the answer will not come again.
+    Each dataset's manifest (``<dataset>/_commits/<job>.json`` under the store root)
+    says whether it committed; ``commitfleet audit`` checks the whole store.
+    """
+
+    def __init__(self, job: str, forgotten: Sequence[str], results: dict[str, DatasetResult]):
+        super().__init__(
+            f"job {job}: the fleet ended the job but no longer keeps the results of datasets "
+            f"{list(forgotten)} (queue.results_max): their outcome is unknown here; each one's "
+            f"manifest <dataset>/_commits/{job}.json exists if it committed"
+        )
+        self.job = job
+        self.forgotten = tuple(forgotten)
+        self.results = results
+
+
 def read_outcome(config: ProducerConfig, job: str, datasets: Sequence[str]) -> JobOutcome:
     """Return what the fleet has decided so far about ``datasets`` of ``job`` (one round trip).
 
@@ -80,10 +100,13 @@ def check_outcome(job: str, outcome: JobOutcome) -> dict[str, DatasetResult]:
 
     Raises:
         JobNotCommitted: a dataset is aborted, quarantined or blocked.
+        OutcomeForgotten: no dataset failed, but some results are no longer kept.
     """
     failed = outcome.failed
     if failed:
         raise JobNotCommitted(job, failed, dict(outcome.results))
+    if outcome.forgotten:
+        raise OutcomeForgotten(job, outcome.forgotten, dict(outcome.results))
     return dict(outcome.results)
 
 
@@ -129,6 +152,8 @@ def wait_for_outcome(
         JobNotCommitted: some dataset was aborted (failed, cancelled, timed
             out, skipped), quarantined or blocked; raised as soon as every
             dataset has an answer.
+        OutcomeForgotten: the fleet ended the job but no longer keeps some
+            datasets' results (none failed); raised at once, never waited out.
         OutcomeTimeout: ``timeout`` passed with datasets still unanswered.
     """
     start = clock()
