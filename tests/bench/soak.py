@@ -144,6 +144,8 @@ def key_kind(key: str) -> str:
         if kind:
             return kind
         if parts[0] == "state":
+            if parts[1] == "results":  # the results' age order (queue.results_max): part of the results
+                return "job results"
             return "ended-job records" if parts[1] == "ended" else f"shard state:{parts[1]}"
         return f"shard {parts[0]}"
     if rest == "admin":
@@ -165,7 +167,8 @@ async def breakdown(r: redis.asyncio.Redis, fleet: str) -> dict[str, Kind]:
         k = out.setdefault(key_kind(key.decode()), Kind())
         kind = as_text(await r.type(key))
         k.keys += 1
-        if key.endswith(b":outcome-order"):  # the markers' eviction order: bytes, not more markers
+        # The markers' and the results' eviction orders: bytes, not more markers or results.
+        if key.endswith((b":outcome-order", b":state:results")):
             k.bytes += int(await r.memory_usage(key, samples=0) or 0)
             continue
         k.items += int(await r.xlen(key) if kind == "stream" else await r.hlen(key) if kind == "hash" else 1)
@@ -187,7 +190,11 @@ def history_bound(kind: str, k: Kind, s: Settings) -> str:
         return f"cap queue.outcome_markers_max={cap} ~ {cap * per / 1e6:.1f} MB"
     if kind == "job results":
         hours = RESULT_RETENTION_S / 3600
-        return f"datasets answered in the last {hours:.0f} h (~{per:.0f} B each; no count cap)"
+        cap = s.fleet.shards * s.queue.results_max
+        return (
+            f"datasets answered in the last {hours:.0f} h, at most {s.fleet.shards} x queue.results_max"
+            f" = {cap} ~ {cap * per / 1e6:.1f} MB (~{per:.0f} B each)"
+        )
     return f"jobs ended within queue.ended_retention={s.queue.ended_retention:.0f} s (~{per:.0f} B a job)"
 
 
