@@ -186,15 +186,19 @@ async def fleet_status(
                 quarantined.setdefault(
                     (u.dataset, u.job), {"dataset": u.dataset, "job": u.job, "reason": u.quarantined}
                 )
+    # Per-shard counts in one pass over each list (not one per shard: 100,000 datasets x 64 shards).
+    column = {"waiting": "waiting", "queued": "queued", "blocked": "queued"}
+    column.update(running="running", retrying="running")
+    counts = [dict.fromkeys(("open_jobs", "waiting", "queued", "running", "quarantined"), 0) for _ in rows]
+    for j in open_jobs:
+        counts[j["shard"]]["open_jobs"] += 1
+    for p in pending:
+        if p["state"] in column:
+            counts[p["shard"]][column[p["state"]]] += 1
+    for q in quarantined.values():
+        counts[shard_of(q["dataset"], shards)]["quarantined"] += 1
     for row in rows:
-        mine = [p for p in pending if p["shard"] == row["shard"]]
-        row["open_jobs"] = sum(1 for j in open_jobs if j["shard"] == row["shard"])
-        row["waiting"] = sum(1 for p in mine if p["state"] == "waiting")
-        row["queued"] = sum(1 for p in mine if p["state"] in ("queued", "blocked"))
-        row["running"] = sum(1 for p in mine if p["state"] in ("running", "retrying"))
-        row["quarantined"] = sum(
-            1 for q in quarantined.values() if shard_of(q["dataset"], shards) == row["shard"]
-        )
+        row.update(counts[row["shard"]])
     counters = {as_text(k): as_text(v) for k, v in counters_raw.items()}
     for k, v in outcome_counts.items():
         counters[as_text(k)] = str(int(counters.get(as_text(k), "0")) + int(v))
