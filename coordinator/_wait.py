@@ -3,9 +3,10 @@
 Exit codes: 0 every dataset committed; 1 some dataset aborted (failed,
 cancelled, timed out, skipped), quarantined or blocked; 2 bad usage or
 configuration (no such fleet, bad names); 3 Redis unreachable; 4 the job
-ended but some dataset's result is no longer kept (``queue.results_max`` per
-shard, or older than a day; none failed): its outcome is unknown here, its
-manifest says (row status ``unknown``); 124 no outcome for some dataset within
+ended on some dataset's shard but no result is kept for it (forgotten:
+``queue.results_max`` per shard, or older than a day; or a name that was not a
+dataset of the job) and none failed: its outcome is unknown here, its manifest
+says (row status ``unknown``); 124 no outcome for some dataset within
 ``--timeout`` (the job may still commit).
 """
 
@@ -112,7 +113,10 @@ def outcome_rows(outcome: JobOutcome) -> list[dict[str, object]]:
             {"dataset": name, "status": "pending", "reason": "", "files": 0, "bytes": 0, "manifest": ""}
         )
     for name in outcome.forgotten:
-        why = "the job ended; its result is no longer kept (queue.results_max): see its manifest"
+        why = (
+            "the job has ended on its shard and no result is kept: forgotten (queue.results_max, a day)"
+            " or not a dataset of the job; its manifest says whether it committed"
+        )
         rows.append(
             {"dataset": name, "status": "unknown", "reason": why, "files": 0, "bytes": 0, "manifest": ""}
         )

@@ -90,8 +90,16 @@ async def test_results_quarantine_by_name_and_the_wait_command(
         assert "a\tcommitted\ta/_commits/fine.json" in out
         rc, out, _err = await commitfleet(config, "wait", "broken", "c")
         assert rc == 1 and "c\tquarantined\t" in out
-        rc, out, _err = await commitfleet(config, "wait", "fine", "a", "b", "c", "--timeout", "0.5")
-        assert rc == 124 and "c\tpending" in out
+        # A name on a shard where the job is still open (it never started there): pending, then 124.
+        fine_shards = {shard_of("a", SHARDS), shard_of("b", SHARDS)}
+        elsewhere = next(f"x{i}" for i in range(100) if shard_of(f"x{i}", SHARDS) not in fine_shards)
+        rc, out, _err = await commitfleet(config, "wait", "fine", "a", "b", elsewhere, "--timeout", "0.5")
+        assert rc == 124 and f"{elsewhere}\tpending" in out
+        # A name without a result on a shard where the job has ended: the answer will not come
+        # (forgotten, or never a dataset of the job): unknown, exit 4 at once.
+        beside = next(f"x{i}" for i in range(100) if shard_of(f"x{i}", SHARDS) == shard_of("a", SHARDS))
+        rc, out, _err = await commitfleet(config, "wait", "fine", "a", beside, "--timeout", "600")
+        assert rc == 4 and f"{beside}\tunknown" in out and "a\tcommitted" in out
         rc, _out, err = await commitfleet(config, "wait", "../x", "a")
         assert rc == 2 and "config error" in err
         rc, _out, _err = await commitfleet(config, "wait", "fine")  # no dataset: a usage error
