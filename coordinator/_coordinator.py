@@ -224,8 +224,8 @@ class Coordinator:
         owners = {s.owner for s in new.slots} | {s.moving_to for s in new.slots}
         gone = {w for w in dead if w not in owners}
         if gone:
-            await registry.forget(gone)
-            for w in sorted(gone):
+            # Only those still expired: one may have re-registered since members() read it.
+            for w in sorted(await registry.forget(gone)):
                 await admin.publish(WorkerLeft(at=time.time(), worker=w, reason="lease_expired"))
         await registry.set_leader(self.id, self.settings.lock.validity)
 

@@ -69,9 +69,32 @@ _REGISTER = """
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 return redis.call('SADD', KEYS[2], ARGV[1])
 """
+# Renewal: extend the lease only if it is still there, and then make sure of the membership
+# too (SADD is idempotent), so a live worker is a member after every heartbeat whatever removed
+# it. KEYS and ARGV as _REGISTER. Returns 1 when the lease was there, else 0 (nothing written).
+_RENEW = """
+if not redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3], 'XX') then
+  return 0
+end
+redis.call('SADD', KEYS[2], ARGV[1])
+return 1
+"""
 _DEREGISTER = """
 redis.call('DEL', KEYS[1])
 return redis.call('SREM', KEYS[2], ARGV[1])
+"""
+# Forgetting expired members, atomic with the check that each lease is still gone: a worker
+# that re-registered (SET lease + SADD) since the caller read the leases keeps its membership.
+# KEYS: member set, then one lease key per ARGV worker id (one slot). Returns the ids removed.
+_FORGET = """
+local gone = {}
+for i, wid in ipairs(ARGV) do
+  if redis.call('EXISTS', KEYS[i + 1]) == 0 then
+    redis.call('SREM', KEYS[1], wid)
+    gone[#gone + 1] = wid
+  end
+end
+return gone
 """
 
 
@@ -106,13 +129,17 @@ class FleetRegistry:
             await self._r.eval(_REGISTER, 2, *keys, info.id, _enc.encode(info), int(lease * 1000))
 
     async def renew(self, info: WorkerInfo, lease: float) -> bool:
-        """Extend the worker's lease; return False when it had already expired.
+        """Extend the worker's lease and restore its membership; return False when the lease had expired.
 
-        An expired lease means the fleet may have moved our shards: the caller
+        One script: the lease is extended only if it is still there, and then
+        the worker is put back in the member set should anything have taken
+        it out (so a live worker is a member after each heartbeat). An expired
+        lease means the fleet may have moved our shards: the caller
         re-registers (:meth:`register`) and carries on, fenced by owner tokens.
         """
         with redis_errors("renew worker lease"):
-            ok = await self._r.set(self._lease_key(info.id), _enc.encode(info), px=int(lease * 1000), xx=True)
+            keys = Keys.one_slot([self._lease_key(info.id), self.keys.workers])
+            ok = await self._r.eval(_RENEW, 2, *keys, info.id, _enc.encode(info), int(lease * 1000))
         return bool(ok)
 
     async def deregister(self, worker: str) -> None:
@@ -136,11 +163,25 @@ class FleetRegistry:
                 live[wid] = _dec_info.decode(raw)
         return live, dead
 
-    async def forget(self, workers: set[str]) -> None:
-        """Drop expired workers from the member set."""
-        if workers:
-            with redis_errors("forget workers"):
-                await self._r.srem(self.keys.workers, *workers)
+    async def forget(self, workers: set[str]) -> set[str]:
+        """Drop from the member set those of ``workers`` whose lease is still expired; return them.
+
+        The check and the removal are one script: a worker that re-registered
+        after :meth:`members` saw its lease expired (a Redis failover can
+        outlast a lease) stays a member. Removing it anyway left a worker
+        whose lease renewals kept succeeding outside the member set, so the
+        coordinator never gave it a shard again and the fleet stalled.
+
+        Raises:
+            TransientError: Redis is unreachable (nothing or everything was removed).
+        """
+        if not workers:
+            return set()
+        ids = sorted(workers)
+        keys = Keys.one_slot([self.keys.workers, *(self._lease_key(w) for w in ids)])
+        with redis_errors("forget workers"):
+            removed = await self._r.eval(_FORGET, len(keys), *keys, *ids)
+        return {as_text(w) for w in removed}
 
     # -- assignment -------------------------------------------------------------------
 

@@ -210,7 +210,11 @@ class AdminPublisher:
         return appended
 
     async def _waited(self, kind: str, *args: Any) -> list[Any]:
-        """Run one XADD (``kind`` "xadd") or the outcome script ("eval") then WAIT, on one connection."""
+        """Run one XADD (``kind`` "xadd") or the outcome script ("eval") then WAIT, on one connection.
+
+        Returns a one-element list: the XADD's or the script's reply. Raises
+        TransientError (via check_waits) when fewer replicas acknowledged.
+        """
         if is_cluster(self.redis):
             await self.redis.initialize()  # the slot map routes the WAIT
         async with self.redis.pipeline(transaction=False) as pipe:
@@ -218,8 +222,14 @@ class AdminPublisher:
                 pipe.xadd(args[0], args[1], maxlen=self.maxlen, approximate=True)
             else:
                 pipe.eval(_OUTCOME_SCRIPT, _OUTCOME_KEYS, *args)
+                # WAIT covers the writes of its own connection only: when the script found the
+                # marker (written by an earlier try, on another connection whose WAIT never
+                # answered) it wrote nothing, and WAIT alone would not wait for that marker
+                # and entry. One write after it does: replication is one ordered log per master.
+                pipe.set(self.keys.fleet_key("wait"), b"1")
             waits = queue_wait(self.redis, pipe, [self.keys.admin], self.wait_replicas, self.wait_timeout)
-            return check_waits(list(await pipe.execute()), waits, self.wait_replicas)
+            replies = check_waits(list(await pipe.execute()), waits, self.wait_replicas)
+            return replies[:1]
 
     @property
     def _script(self) -> AsyncScript:

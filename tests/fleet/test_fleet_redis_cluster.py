@@ -126,6 +126,11 @@ async def test_master_killed_mid_run_loses_and_doubles_nothing_with_wait(
     evs = await admin_events(fleet.redis, fleet.settings.fleet.name)
     assert sum(isinstance(e, Committed) for e in evs) == len(expected)
     assert {e.worker for e in evs if isinstance(e, WorkerJoined)} >= {"w1", "w2", "w3"}
+    # Leases lapse while the fleet slot fails over: every worker must be back as an owner
+    # (a worker re-registering as the coordinator forgot it used to be left out for good).
+    await wait_for(
+        lambda: fleet.owners_settled({"w1", "w2", "w3"}), timeout=60, what="3 workers own all shards again"
+    )
     for p in fleet.procs:
         assert p.proc.poll() is None, f"{p.name} exited after the failover"
     report(f"{len(on_killed)} of {len(shard_streams)} shard streams were on the killed master")
