@@ -218,15 +218,19 @@ async def publish_and_drain(
     async with open_store(settings.store.url, settings.store) as store:
         done_jobs = 0
         for n, start in enumerate(range(0, args.datasets, args.per_job)):
+            # Staged before waiting for a free slot (and 64 datasets at once), as
+            # a pipeline's executors would: the producer must not be what limits
+            # the rate the fleet is soaked at.
+            names = [f"ds{i}" for i in range(start, min(start + args.per_job, args.datasets))]
+            events = await good_job(
+                store, f"job{start}", names, tasks=args.tasks, duplicate_attempt=False, concurrency=64
+            )
             while n - done_jobs >= args.open_jobs:
                 done = await committed(r, keys)
                 done_jobs = done // args.per_job
                 if n - done_jobs >= args.open_jobs:
                     await asyncio.sleep(0.2)
-            names = [f"ds{i}" for i in range(start, min(start + args.per_job, args.datasets))]
-            await pub.publish_many(
-                await good_job(store, f"job{start}", names, tasks=args.tasks, duplicate_attempt=False)
-            )
+            await pub.publish_many(events)
     while await committed(r, keys) < args.datasets:
         await asyncio.sleep(0.5)
     drained_at = time.monotonic()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -65,24 +66,47 @@ async def stage_task(
 
 
 async def good_job(
-    store: ObjectStore, job: str, datasets: Iterable[str], tasks: int, *, duplicate_attempt: bool = True
+    store: ObjectStore,
+    job: str,
+    datasets: Iterable[str],
+    tasks: int,
+    *,
+    duplicate_attempt: bool = True,
+    concurrency: int = 1,
 ) -> list[QueueEvent]:
-    """Return the events of a successful job (with a retried task and a duplicate delivery)."""
+    """Return the events of a successful job (with a retried task and a duplicate delivery).
+
+    ``concurrency`` > 1 stages that many datasets at once (a producer's
+    executors do; the soak benchmark would otherwise measure its own staging);
+    the events come out in the same order either way.
+    """
     names = list(datasets)
+    limit = asyncio.Semaphore(concurrency)
+
+    async def one(ds: str) -> tuple[list[QueueEvent], DatasetExpectation]:
+        async with limit:
+            evs: list[QueueEvent] = []
+            winners = []
+            for t in range(tasks):
+                ev = await stage_task(store, job, ds, t, 0)
+                evs.append(ev)
+                if duplicate_attempt and t == 0:
+                    evs.append(ev)  # duplicate delivery
+                    evs.append(await stage_task(store, job, ds, t, 1))  # a retried attempt that wins
+                    winners.append(1)
+                else:
+                    winners.append(0)
+            return evs, DatasetExpectation(tasks=tasks, winners=winners)
+
     evs: list[QueueEvent] = [JobStarted(job=job, datasets=names, timeout_s=600, started_at=time.time())]
     expect: dict[str, DatasetExpectation] = {}
-    for ds in names:
-        winners = []
-        for t in range(tasks):
-            ev = await stage_task(store, job, ds, t, 0)
-            evs.append(ev)
-            if duplicate_attempt and t == 0:
-                evs.append(ev)  # duplicate delivery
-                evs.append(await stage_task(store, job, ds, t, 1))  # a retried attempt that wins
-                winners.append(1)
-            else:
-                winners.append(0)
-        expect[ds] = DatasetExpectation(tasks=tasks, winners=winners)
+    if concurrency <= 1:
+        done = [await one(ds) for ds in names]
+    else:
+        done = list(await asyncio.gather(*(one(ds) for ds in names)))
+    for ds, (ds_evs, expectation) in zip(names, done, strict=True):
+        evs.extend(ds_evs)
+        expect[ds] = expectation
     evs.append(JobFinished(job=job, datasets=expect, finished_at=time.time()))
     return evs
 
