@@ -15,6 +15,7 @@ import pytest
 import redis.asyncio
 
 from shared._aio import cancel_until_done
+from shared._retry import RetryPolicy
 from shared._settings import LockSettings
 from shared.locks import SharedReleaseNotifier, StorageLock
 from shared.storage import ObjectStore
@@ -28,7 +29,7 @@ from tests.integration.test_lock_notify import _OtherProcess
 @asynccontextmanager
 async def _running(redis_url: str) -> AsyncIterator[tuple[SharedReleaseNotifier, redis.asyncio.Redis]]:
     client = redis.asyncio.Redis.from_url(redis_url)
-    notifier = SharedReleaseNotifier(client, f"test-{secrets.token_hex(3)}", retry_s=0.05)
+    notifier = SharedReleaseNotifier(client, f"test-{secrets.token_hex(3)}", retry=RetryPolicy(initial=0.05))
     task = asyncio.create_task(notifier.run())
     try:
         yield notifier, client
