@@ -28,7 +28,7 @@ import redis.asyncio
 import redis.exceptions
 
 from .._aio import TaskGroup, raise_if_cancelling
-from .._redis_py import CAUGHT, is_redis_failure
+from .._redis_py import CAUGHT, is_redis_failure, raised_in_redis_py
 from .._retry import RetryPolicy
 from ._io import run_shielded
 
@@ -203,8 +203,8 @@ class SharedReleaseNotifier:
                 subscribed = await self._open(pubsub)
                 failures = 0
                 await self._serve(pubsub, subscribed)
-            except CAUGHT as exc:
-                if not is_redis_failure(exc):
+            except _RUN_CAUGHT as exc:
+                if not _run_failure(exc):
                     raise
                 delay = self._retry.delay(failures, rng)
                 failures += 1
@@ -223,6 +223,9 @@ class SharedReleaseNotifier:
         # A channel of our own keeps the connection subscribed while nothing is watched
         # (redis-py refuses to read a pub/sub connection that was never subscribed).
         idle = f"{self._namespace}:lock-released".encode()
+        # A cluster client learns the slot map lazily; its pub/sub looks a node up in that map
+        # and trips over an empty one (KeyError) when nothing else has used the client yet.
+        await self._redis.initialize()
         self._changed = False
         subscribed = set(self._waiters)
         await pubsub.subscribe(idle, *subscribed)
@@ -250,6 +253,18 @@ class SharedReleaseNotifier:
             if msg is not None and msg.get("type") == "message":
                 for event in self._waiters.get(msg["channel"], ()):
                     event.set()
+
+
+# What run() catches; each is checked with _run_failure.
+_RUN_CAUGHT = (*CAUGHT, LookupError)
+
+
+def _run_failure(exc: BaseException) -> bool:
+    """Return True for a Redis failure, including redis-py's cluster client tripping over its slot map
+    while it is being rebuilt (a KeyError or IndexError inside redis-py); False for our bugs."""
+    if isinstance(exc, LookupError):
+        return raised_in_redis_py(exc)
+    return is_redis_failure(exc)
 
 
 def _check_connected(pubsub: redis.asyncio.client.PubSub) -> None:
