@@ -50,8 +50,16 @@ class RetryPolicy:
         """Yield the delay before each retry (``attempts - 1`` values)."""
         rng = rng or random.Random()
         for n in range(self.attempts - 1):
-            cap = min(self.maximum, self.initial * (2**n))
-            yield rng.uniform(0, cap) if self.wait else 0.0
+            yield self.delay(n, rng)
+
+    def delay(self, n: int, rng: random.Random) -> float:
+        """Return the delay before retry ``n`` (0-based), ignoring ``attempts`` and ``budget``.
+
+        For loops that never give up (a reader that reconnects for the life of
+        the process): any ``n`` is fine, the cap holds however large it grows.
+        """
+        cap = min(self.maximum, self.initial * 2.0 ** min(n, 60))
+        return rng.uniform(0, cap) if self.wait else 0.0
 
 
 async def retry(

@@ -58,7 +58,7 @@ from shared.fleet import (
     wait_until_up,
     worker_info,
 )
-from shared.locks import run_shielded
+from shared.locks import SharedReleaseNotifier, run_shielded
 from shared.queue import AdminPublisher, Keys, connect, join_fleet
 from shared.storage import open_store
 
@@ -170,10 +170,9 @@ class Worker:
                     ),
                     limits=ValidationLimits.from_settings(s.security, fleet=s.fleet.name),
                     inflight=asyncio.Semaphore(s.worker.max_inflight_datasets),
-                    # Off until only its run() task touches the pub/sub connection: a waiter's
-                    # SUBSCRIBE could make redis-py reconnect while run() reads (a worker crash
-                    # across a Redis restart). Waiters in other processes poll meanwhile.
-                    notifier=None,
+                    # Lock releases heard from other workers at once; its run() task (started
+                    # in _work) is the only user of its pub/sub connection.
+                    notifier=SharedReleaseNotifier(redis_client, keys.fleet_key("locks")),
                 )
                 started = time.time()
                 joined = await wait_until_up(

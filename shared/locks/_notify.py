@@ -10,9 +10,9 @@ costs nothing but the wait until the next poll.
 
 Two implementations: :class:`RedisReleaseNotifier` holds one subscription
 connection per waiting acquirer (nothing to run); :class:`SharedReleaseNotifier`
-(what workers use) holds one connection per process, read by its
-:meth:`~SharedReleaseNotifier.run` task, so an uncontended acquire costs one
-SUBSCRIBE and one UNSUBSCRIBE sent on it (no reply awaited), not a connection.
+(what workers use) holds one connection per process, owned by its
+:meth:`~SharedReleaseNotifier.run` task, so a wait costs one SUBSCRIBE and one
+UNSUBSCRIBE that run() sends for it (no reply awaited), not a connection.
 """
 
 from __future__ import annotations
@@ -20,17 +20,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 from collections.abc import AsyncIterator
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import redis.asyncio
 import redis.exceptions
 
-from .._aio import TaskGroup
-from .._redis_py import CAUGHT, is_redis_failure
+from .._aio import TaskGroup, raise_if_cancelling
+from .._redis_py import CAUGHT, is_redis_failure, raised_in_redis_py
+from .._retry import RetryPolicy
 from ._io import run_shielded
 
 log = logging.getLogger("shared.locks")
+
+# Reconnection pace of SharedReleaseNotifier.run (capped, jittered; it never gives up).
+RECONNECT = RetryPolicy(initial=0.1, maximum=5.0)
+# Longest read between two looks at what is watched, so about the most a new watcher waits for its
+# SUBSCRIBE. A waiter's own polls are 0.05-0.2 s apart that early in its wait, so a longer lag would
+# cost little; each empty read costs CPU (about 0.3 ms on a loaded machine: 3 ms a second at 0.1 s).
+READ_S = 0.1
 
 
 class ReleaseNotifier(Protocol):
@@ -111,19 +120,35 @@ class RedisReleaseNotifier:
 class SharedReleaseNotifier:
     """:class:`ReleaseNotifier` over ONE Redis pub/sub connection per process.
 
-    :meth:`run` must be running (a long-lived task of the process) for
-    notices to arrive; while it is not (not started yet, or Redis is down and
-    it is reconnecting), :meth:`watch` sets nothing and waiters poll.
-    Channels are those of :class:`RedisReleaseNotifier` (the two interoperate).
-    Not thread-safe: one event loop.
+    Only :meth:`run` ever touches that connection (connects, SUBSCRIBEs,
+    UNSUBSCRIBEs, reads), so no two coroutines can meet on it: redis-py
+    reconnects a pub/sub connection from whichever coroutine uses it next,
+    and two of them reading one socket crash (``read() called while another
+    coroutine is already waiting``). :meth:`watch` only records, in memory,
+    which events wait on which channel; :meth:`run` applies the changes
+    between short reads. While :meth:`run` is not running, or Redis is down,
+    watching sets nothing and waiters poll; a channel watched meanwhile is
+    subscribed when :meth:`run` connects. Channels are those of
+    :class:`RedisReleaseNotifier` (the two interoperate). Not thread-safe:
+    one event loop.
     """
 
-    def __init__(self, redis_client: redis.asyncio.Redis, namespace: str, *, retry_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        redis_client: redis.asyncio.Redis,
+        namespace: str,
+        *,
+        retry: RetryPolicy = RECONNECT,
+        read_s: float = READ_S,
+    ) -> None:
+        """``retry`` paces reconnections (only its delays are used: :meth:`run` never gives up);
+        ``read_s`` bounds how long a new watcher waits for its SUBSCRIBE to be sent."""
         self._redis = redis_client
         self._namespace = namespace
-        self._retry_s = retry_s
-        self._pubsub: redis.asyncio.client.PubSub | None = None
+        self._retry = retry
+        self._read_s = read_s
         self._waiters: dict[bytes, set[asyncio.Event]] = {}
+        self._changed = False  # the set of watched channels changed since run() last looked
         self._publisher = RedisReleaseNotifier(redis_client, namespace)
 
     def channel(self, name: str) -> str:
@@ -136,83 +161,121 @@ class SharedReleaseNotifier:
 
     @contextlib.asynccontextmanager
     async def watch(self, name: str, event: asyncio.Event) -> AsyncIterator[None]:
-        """Register ``event`` for notices of ``name`` for the block's duration.
+        """Register ``event`` for notices of ``name`` for the block's duration; no I/O, never raises.
 
-        The first watcher of a channel sends SUBSCRIBE, the last one out
-        UNSUBSCRIBE, on the shared connection, without waiting for Redis's
-        confirmation: a release that lands before the subscription is active
-        is caught by the waiter's next poll. A failure to send is logged and
-        the waiter polls.
+        :meth:`run` subscribes the channel within about ``read_s`` of its first
+        watcher and unsubscribes it after its last one leaves; a release that
+        lands before the subscription is active is caught by the waiter's next
+        poll.
         """
         channel = self.channel(name).encode()
-        waiters = self._waiters.setdefault(channel, set())
+        waiters = self._waiters.get(channel)
+        if waiters is None:
+            waiters = self._waiters[channel] = set()
+            self._changed = True
         waiters.add(event)
         try:
-            if len(waiters) == 1:
-                await self._send("subscribe", channel)
             yield
         finally:
             waiters.discard(event)
             if not waiters and self._waiters.get(channel) is waiters:
                 del self._waiters[channel]
-                await self._send("unsubscribe", channel)
-
-    async def _send(self, what: str, channel: bytes) -> None:
-        pubsub = self._pubsub
-        if pubsub is None:
-            return  # not running: run() subscribes to every watched channel when it (re)connects
-        conn: Any = pubsub.connection  # typed None by redis-py until it connects
-        if conn is None or not conn.is_connected:
-            # Sending now would make redis-py reconnect (and read the handshake) here while
-            # run() reads the same connection; run() re-subscribes everything when it reconnects.
-            return
-        try:
-            if what == "subscribe":
-                await pubsub.subscribe(channel)
-            else:
-                await pubsub.unsubscribe(channel)
-        except CAUGHT as exc:
-            if not is_redis_failure(exc):
-                raise
-            log.info("lock release notices: %s %s not sent: %r", what, channel.decode(), exc)
+                self._changed = True
 
     async def run(self) -> None:
         """Read notices and wake the waiters of their lock until cancelled; never returns.
 
-        A Redis failure closes the connection and, after ``retry_s``, opens a
-        new one subscribed to every channel watched at that time (waiters poll
-        meanwhile). Cancelled: the connection is closed.
+        A Redis failure (or redis-py tripping over a connection closed under
+        it) is logged; the connection is closed and a new one, subscribed to
+        every channel watched by then, is opened after a capped jittered
+        backoff (``retry``), for as long as it takes. Waiters poll meanwhile.
+
+        Raises:
+            CancelledError: when cancelled (the connection is closed first,
+                shielded). Anything that is not a Redis failure (a bug)
+                propagates as well.
         """
-        # A channel of our own keeps the connection subscribed while nothing is watched
-        # (redis-py refuses to read a pub/sub connection that has no subscription).
-        idle = f"{self._namespace}:lock-released".encode()
+        rng = random.Random()
+        failures = 0  # in a row, since the last connection that got subscribed
         while True:
             pubsub = self._redis.pubsub()
             try:
-                subscribed = list(self._waiters)
-                await pubsub.subscribe(idle, *subscribed)
-                self._pubsub = pubsub
-                # Watchers that came or left while we subscribed sent nothing (no connection yet).
-                late = [c for c in self._waiters if c not in subscribed]
-                gone = [c for c in subscribed if c not in self._waiters]
-                if late:
-                    await pubsub.subscribe(*late)
-                if gone:
-                    await pubsub.unsubscribe(*gone)
-                while True:
-                    msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
-                    if msg is not None and msg.get("type") == "message":
-                        for event in self._waiters.get(msg["channel"], ()):
-                            event.set()
-            except CAUGHT as exc:
-                if not is_redis_failure(exc):
+                subscribed = await self._open(pubsub)
+                failures = 0
+                await self._serve(pubsub, subscribed)
+            except _RUN_CAUGHT as exc:
+                if not _run_failure(exc):
                     raise
-                log.info("lock release notices interrupted, waiters poll meanwhile: %r", exc)
+                delay = self._retry.delay(failures, rng)
+                failures += 1
+                log.info(
+                    "lock release notices interrupted, waiters poll meanwhile; reconnecting in %.2fs: %r",
+                    delay,
+                    exc,
+                )
             finally:
-                self._pubsub = None
                 with contextlib.suppress(redis.exceptions.RedisError, OSError):
                     await run_shielded(pubsub.aclose())  # type: ignore[no-untyped-call]
-            await asyncio.sleep(self._retry_s)
+            await asyncio.sleep(delay)
+
+    async def _open(self, pubsub: redis.asyncio.client.PubSub) -> set[bytes]:
+        """Connect and subscribe to every channel watched now; return those channels."""
+        # A channel of our own keeps the connection subscribed while nothing is watched
+        # (redis-py refuses to read a pub/sub connection that was never subscribed).
+        idle = f"{self._namespace}:lock-released".encode()
+        # A cluster client learns the slot map lazily; its pub/sub looks a node up in that map
+        # and trips over an empty one (KeyError) when nothing else has used the client yet.
+        await self._redis.initialize()
+        self._changed = False
+        subscribed = set(self._waiters)
+        await pubsub.subscribe(idle, *subscribed)
+        return subscribed
+
+    async def _serve(self, pubsub: redis.asyncio.client.PubSub, subscribed: set[bytes]) -> NoReturn:
+        """Read notices and apply watch changes between reads, for ever.
+
+        Raises whatever the connection raises (the caller tells Redis failures from bugs).
+        """
+        while True:
+            if self._changed:
+                self._changed = False
+                wanted = set(self._waiters)
+                new, gone = wanted - subscribed, subscribed - wanted
+                subscribed = wanted
+                # Sent without waiting for Redis's confirmation (it arrives as a message, skipped).
+                if new:
+                    await pubsub.subscribe(*new)
+                if gone:
+                    await pubsub.unsubscribe(*gone)
+            _check_connected(pubsub)
+            msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=self._read_s)
+            raise_if_cancelling()
+            if msg is not None and msg.get("type") == "message":
+                for event in self._waiters.get(msg["channel"], ()):
+                    event.set()
+
+
+# What run() catches; each is checked with _run_failure.
+_RUN_CAUGHT = (*CAUGHT, LookupError)
+
+
+def _run_failure(exc: BaseException) -> bool:
+    """Return True for a Redis failure, including redis-py's cluster client tripping over its slot map
+    while it is being rebuilt (a KeyError or IndexError inside redis-py); False for our bugs."""
+    if isinstance(exc, LookupError):
+        return raised_in_redis_py(exc)
+    return is_redis_failure(exc)
+
+
+def _check_connected(pubsub: redis.asyncio.client.PubSub) -> None:
+    """Raise ConnectionError when the connection is down; return otherwise.
+
+    redis-py would reconnect it silently on the next read and re-subscribe only
+    what it remembers (not what is watched now); a fresh connection does it right.
+    """
+    conn: Any = pubsub.connection  # typed None by redis-py until it connects
+    if conn is None or not conn.is_connected:
+        raise redis.exceptions.ConnectionError("lock release notices: pub/sub connection lost")
 
 
 __all__ = ["RedisReleaseNotifier", "ReleaseNotifier", "SharedReleaseNotifier"]
