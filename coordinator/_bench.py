@@ -7,6 +7,8 @@ the same Redis. Both are measured in several alternating rounds (raw first in
 odd rounds, the worker first in even ones, each round on a fresh fleet), and
 the median of the per-round ratios is reported: a change of machine load
 between the two measurements moves one round's ratio, not the median.
+The CLI sets this process's garbage collector up as a worker process's
+(``workers._heap.tune_gc``), since the worker runs here.
 """
 
 from __future__ import annotations

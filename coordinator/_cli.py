@@ -312,8 +312,11 @@ def bench(
 
     s = _settings(config)
     if what == "intake":
+        from workers._heap import tune_gc
+
         from ._bench import run_bench
 
+        tune_gc()  # the worker runs in this process: set it up as `commitfleet worker` does
         _stopping_children("bench", lambda: _run(run_bench(s, events_n, console=out)))
         return
     if what not in ("commit", "cluster"):

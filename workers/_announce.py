@@ -9,12 +9,17 @@ retried, and the marker keeps the retry from doubling the event.
 
 from __future__ import annotations
 
+import logging
 import time
 
-from shared.commit import read_manifest
+from shared import TransientError
+from shared._logging import kv
+from shared.commit import CommitResult, read_manifest
 from shared.events import Aborted, Committed
 
 from ._context import WorkerContext
+
+log = logging.getLogger("workers.shard")
 
 
 async def announce_committed(
@@ -43,6 +48,42 @@ async def announce_committed(
     await ctx.emit_outcome(ev, dataset=dataset, job=job, outcome="committed")
 
 
+class EarlyNotice:
+    """The commit point's hook (``commit_dataset(on_committed=...)``): announce the commit there.
+
+    The manifest is written then, so the commit is done; the clean-up and the
+    log's deletion that follow change nothing a reader sees. ``sent`` says
+    whether the event went out; when it did not (Redis trouble), the caller
+    announces when the sequence has ended (the outcome marker keeps one event
+    either way). Calling it never raises TransientError: it logs it.
+    """
+
+    def __init__(self, ctx: WorkerContext, epoch: int) -> None:
+        self._ctx = ctx
+        self._epoch = epoch
+        self.sent = False
+
+    async def __call__(self, res: CommitResult) -> None:
+        try:
+            await announce_committed(
+                self._ctx,
+                res.dataset,
+                res.job,
+                files=res.files,
+                size=res.bytes,
+                duration=res.duration,
+                epoch=self._epoch,
+                phases=res.phase_seconds,
+            )
+        except TransientError as exc:
+            log.warning(
+                "early commit notice not sent; it is sent after the clean-up",
+                extra=kv(dataset=res.dataset, job=res.job, error=str(exc)),
+            )
+            return
+        self.sent = True
+
+
 async def announce_aborted(
     ctx: WorkerContext, dataset: str, job: str, reason: str, files_deleted: int
 ) -> None:
@@ -66,4 +107,4 @@ async def announce_from_manifest(ctx: WorkerContext, dataset: str, job: str, epo
     await announce_committed(ctx, dataset, job, files=files, size=size, epoch=epoch)
 
 
-__all__ = ["announce_aborted", "announce_committed", "announce_from_manifest"]
+__all__ = ["EarlyNotice", "announce_aborted", "announce_committed", "announce_from_manifest"]

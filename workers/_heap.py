@@ -9,12 +9,21 @@ changes no Python state, so the worker calls it every
 ``worker.malloc_trim_interval`` seconds (0 = never), off the intake path.
 
 Where the C library has no ``malloc_trim`` (musl, macOS) this does nothing.
+
+:func:`tune_gc`: a worker allocates a few dozen short-lived objects per event
+and per commit step, almost none of them in reference cycles, so CPython's
+cyclic collector, run every 700 allocations by default, was a measurable part
+of intake (``commitfleet bench``: about a third of the worker's CPU per event,
+measured with and without). The worker process freezes what start-up
+allocated (modules, settings: never garbage) and collects young objects less
+often.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ctypes
+import gc
 import logging
 import sys
 import time
@@ -23,6 +32,22 @@ from collections.abc import Callable
 from shared._logging import kv
 
 log = logging.getLogger("workers.heap")
+
+
+GC_THRESHOLDS = (50_000, 20, 20)
+"""``gc.set_threshold`` of a worker process: young collections every 50,000 net allocations."""
+
+
+def tune_gc() -> None:
+    """Collect once, freeze every object alive (start-up's), set :data:`GC_THRESHOLDS`; returns None.
+
+    Process-wide: for a process that hosts a worker (``commitfleet worker``,
+    ``commitfleet bench``), never for a library caller. Cycles are still
+    collected, less often; the frozen objects are never scanned again.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def load_malloc_trim() -> Callable[[int], int] | None:
@@ -57,4 +82,4 @@ async def trim_heap_forever(interval: float, trim: Callable[[int], int] | None =
         )
 
 
-__all__ = ["load_malloc_trim", "trim_heap_forever"]
+__all__ = ["GC_THRESHOLDS", "load_malloc_trim", "trim_heap_forever", "tune_gc"]

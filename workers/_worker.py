@@ -63,7 +63,7 @@ from shared.queue import AdminPublisher, Keys, connect, join_fleet
 from shared.storage import open_store
 
 from ._context import WorkerContext
-from ._heap import trim_heap_forever
+from ._heap import trim_heap_forever, tune_gc
 from ._shard import ShardRunner
 
 log = logging.getLogger("workers")
@@ -374,6 +374,7 @@ async def run_worker(settings: Settings, *, worker_id: str | None = None) -> Non
     """
     import signal
 
+    tune_gc()  # this process is the worker's own
     worker = Worker(settings, worker_id=worker_id, hard_exit_after=HARD_EXIT_AFTER_S)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

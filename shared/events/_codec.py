@@ -141,11 +141,15 @@ def _decode(decoder: msgspec.json.Decoder[_T], types: Mapping[str, type], data: 
         raise InvalidMessage("schema", "message nests too deeply") from None
 
 
-def _field(fields: Mapping[Any, Any], name: str) -> Any:
+_DATA_KEYS: Final = (DATA_FIELD.encode(), DATA_FIELD)
+_SIG_KEYS: Final = (SIG_FIELD.encode(), SIG_FIELD)
+
+
+def _field(fields: Mapping[Any, Any], names: tuple[bytes, str]) -> Any:
     # bytes first: redis-py hands bytes names unless told to decode.
-    value = fields.get(name.encode())
+    value = fields.get(names[0])
     if value is None:
-        value = fields.get(name)
+        value = fields.get(names[1])
     return value
 
 
@@ -170,7 +174,7 @@ def decode_entry(
         InvalidMessage: ``schema`` when the entry has no ``data`` field (or
             it is not bytes), else as :func:`decode_event`.
     """
-    data = _field(fields, DATA_FIELD)
+    data = _field(fields, _DATA_KEYS)
     if data is None:
         raise InvalidMessage("schema", f"stream entry has no {DATA_FIELD!r} field")
     if isinstance(data, str):
@@ -182,7 +186,7 @@ def decode_entry(
         data = bytes(data)
     elif not isinstance(data, bytes):
         raise InvalidMessage("schema", f"the data field is a {type(data).__name__}, not bytes")
-    sig = _field(fields, SIG_FIELD)
+    sig = _field(fields, _SIG_KEYS)
     if sig is not None and not isinstance(sig, bytes | str):
         sig = repr(sig)  # never a valid signature: rejected as bad_signature when signing is on
     received = _id_ms(entry_id) if limits.signing is not None else None

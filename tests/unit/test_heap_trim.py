@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import sys
 
 import pytest
@@ -48,3 +49,16 @@ async def test_off_returns_at_once_without_calling() -> None:
 def test_a_negative_interval_is_refused() -> None:
     with pytest.raises(ConfigError, match="malloc_trim_interval"):
         load_settings(env={}, overrides={"worker": {"malloc_trim_interval": -1}})
+
+
+def test_tune_gc_freezes_start_up_and_sets_the_worker_thresholds() -> None:
+    # In a child: the setting is process-wide and must not leak into the test process.
+    code = (
+        "import gc\n"
+        "from workers._heap import GC_THRESHOLDS, tune_gc\n"
+        "assert gc.get_freeze_count() == 0 and gc.get_threshold() != GC_THRESHOLDS\n"
+        "tune_gc()\n"
+        "assert gc.get_threshold() == GC_THRESHOLDS, gc.get_threshold()\n"
+        "assert gc.get_freeze_count() > 1000, gc.get_freeze_count()\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
