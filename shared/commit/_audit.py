@@ -152,28 +152,14 @@ async def audit(
     staged: list[ObjectInfo] = []
     wal_keys: list[str] = []
     datasets: set[str] = set()
-    async for info in store.list(""):
-        top, _, rest = info.key.partition("/")
-        if top == _STAGING_TOP:
-            staged.append(info)
-        elif top == _WAL_TOP:
-            wal_keys.append(info.key)
-        elif top.startswith(("_", ".")) or not rest:
-            continue  # _state, _locks, other service areas: checked below or fine
-        else:
-            try:
-                commits = commits_prefix(top)
-            except BadInput:
-                continue  # not a dataset folder
-            datasets.add(top)
-            if info.key.startswith(commits):
-                name = info.key[len(commits) :]
-                if name.endswith(".json") and "/" not in name:
-                    manifest_keys.append(info.key)
-            else:
-                published[info.key] = info
-
-    # Open sequences: what they are publishing is theirs, not "unlisted".
+    # Open sequences first: what they are publishing is theirs, not "unlisted".
+    # Listed and read before the rest of the store, because a commit removes its
+    # staged files before its WAL: a sequence found gone here had already
+    # cleaned up before the listing below began, and one found here covers what
+    # the listing sees of it (one pass in key order would list _staging/ before
+    # _wal/ and could call a commit finishing in between a leftover).
+    async for info in store.list(_WAL_TOP + "/"):
+        wal_keys.append(info.key)
     in_flight: set[str] = set()
     bound: set[tuple[str, str]] = set()  # (dataset, table) of open sequences' table steps
     open_jobs: set[tuple[str, str]] = set()
@@ -210,6 +196,27 @@ async def audit(
                     detail=f"epoch {seq.epoch}, {len(seq.done)}/{len(seq.steps)} steps seen done",
                 )
             )
+
+    async for info in store.list(""):
+        top, _, rest = info.key.partition("/")
+        if top == _STAGING_TOP:
+            staged.append(info)
+        elif top == _WAL_TOP:
+            continue  # listed and read first, above
+        elif top.startswith(("_", ".")) or not rest:
+            continue  # _state, _locks, other service areas: checked below or fine
+        else:
+            try:
+                commits = commits_prefix(top)
+            except BadInput:
+                continue  # not a dataset folder
+            datasets.add(top)
+            if info.key.startswith(commits):
+                name = info.key[len(commits) :]
+                if name.endswith(".json") and "/" not in name:
+                    manifest_keys.append(info.key)
+            else:
+                published[info.key] = info
 
     committed: set[tuple[str, str]] = set()
     listed_by: dict[str, str] = {}
