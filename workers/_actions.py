@@ -50,7 +50,7 @@ from shared.events import (
 from shared.locks import HeldLease, StorageLock
 from shared.queue import DatasetResult, redis_errors
 
-from ._announce import EarlyNotice, announce_aborted, announce_committed, announce_from_manifest
+from ._announce import announce_aborted, announce_committed, announce_from_manifest, early_notice
 from ._context import WorkerContext
 from ._housekeeping import note_quarantine
 from ._jobstate import (
@@ -182,16 +182,16 @@ class ActionsMixin:
                 )
             )
             await checkpoint("commit.locked")
-            notice = EarlyNotice(ctx, lease.epoch)
+
             result = await commit_dataset(
                 ctx.store,
                 req,
                 lease,
                 ctx.settings,
                 extra_steps=self._table_steps(req),
-                on_committed=notice,
+                on_committed=early_notice(ctx, lease.epoch),
             )
-            await self._after_commit(result, lease.epoch, announced=notice.sent)
+            await self._after_commit(result, lease.epoch)
 
         await self._locked(work.dataset, body)
 
@@ -226,8 +226,7 @@ class ActionsMixin:
         ds = meta.datasets.get(work.dataset) if meta is not None else None
         return ds is not None and ds.status in ("committing", "blocked")
 
-    async def _after_commit(self, result: CommitResult, epoch: int, *, announced: bool = False) -> None:
-        """Announce and record ``result`` (``announced``: its ``committed`` went out at the commit point)."""
+    async def _after_commit(self, result: CommitResult, epoch: int) -> None:
         ctx = self.ctx
         status: Status
         reason = result.quarantined or ""
@@ -236,17 +235,16 @@ class ActionsMixin:
             await checkpoint("commit.done")
             # Also when the commit was found done (``already_committed``): the
             # holder that finished it may have died before announcing it.
-            if not announced:
-                await announce_committed(
-                    self.ctx,
-                    result.dataset,
-                    result.job,
-                    files=result.files,
-                    size=result.bytes,
-                    duration=result.duration,
-                    epoch=epoch,
-                    phases=result.phase_seconds,
-                )
+            await announce_committed(
+                self.ctx,
+                result.dataset,
+                result.job,
+                files=result.files,
+                size=result.bytes,
+                duration=result.duration,
+                epoch=epoch,
+                phases=result.phase_seconds,
+            )
         elif result.status == "quarantined":
             status = "quarantined"
             ctx.counters.add("quarantined")

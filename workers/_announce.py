@@ -14,7 +14,7 @@ import time
 
 from shared import TransientError
 from shared._logging import kv
-from shared.commit import CommitResult, read_manifest
+from shared.commit import CommitResult, OnCommitted, read_manifest
 from shared.events import Aborted, Committed
 
 from ._context import WorkerContext
@@ -48,31 +48,26 @@ async def announce_committed(
     await ctx.emit_outcome(ev, dataset=dataset, job=job, outcome="committed")
 
 
-class EarlyNotice:
-    """The commit point's hook (``commit_dataset(on_committed=...)``): announce the commit there.
+def early_notice(ctx: WorkerContext, epoch: int) -> OnCommitted:
+    """Return the commit point's hook (``commit_dataset(on_committed=...)``): announce the commit.
 
     The manifest is written then, so the commit is done; the clean-up and the
-    log's deletion that follow change nothing a reader sees. ``sent`` says
-    whether the event went out; when it did not (Redis trouble), the caller
-    announces when the sequence has ended (the outcome marker keeps one event
-    either way). Calling it never raises TransientError: it logs it.
+    log's deletion that follow change nothing a reader sees. The caller
+    announces again when the sequence has ended (the outcome marker keeps one
+    event), so a Redis error here costs only the early notice: the hook logs it
+    and returns; it never raises TransientError.
     """
 
-    def __init__(self, ctx: WorkerContext, epoch: int) -> None:
-        self._ctx = ctx
-        self._epoch = epoch
-        self.sent = False
-
-    async def __call__(self, res: CommitResult) -> None:
+    async def notice(res: CommitResult) -> None:
         try:
             await announce_committed(
-                self._ctx,
+                ctx,
                 res.dataset,
                 res.job,
                 files=res.files,
                 size=res.bytes,
                 duration=res.duration,
-                epoch=self._epoch,
+                epoch=epoch,
                 phases=res.phase_seconds,
             )
         except TransientError as exc:
@@ -80,8 +75,8 @@ class EarlyNotice:
                 "early commit notice not sent; it is sent after the clean-up",
                 extra=kv(dataset=res.dataset, job=res.job, error=str(exc)),
             )
-            return
-        self.sent = True
+
+    return notice
 
 
 async def announce_aborted(
@@ -107,4 +102,4 @@ async def announce_from_manifest(ctx: WorkerContext, dataset: str, job: str, epo
     await announce_committed(ctx, dataset, job, files=files, size=size, epoch=epoch)
 
 
-__all__ = ["EarlyNotice", "announce_aborted", "announce_committed", "announce_from_manifest"]
+__all__ = ["announce_aborted", "announce_committed", "announce_from_manifest", "early_notice"]
