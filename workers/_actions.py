@@ -50,7 +50,7 @@ from shared.events import (
 from shared.locks import HeldLease, StorageLock
 from shared.queue import DatasetResult, redis_errors
 
-from ._announce import announce_aborted, announce_committed, announce_from_manifest, early_notice
+from ._announce import announce_aborted, announce_committed, announce_from_manifest
 from ._context import WorkerContext
 from ._housekeeping import note_quarantine
 from ._jobstate import (
@@ -182,14 +182,8 @@ class ActionsMixin:
                 )
             )
             await checkpoint("commit.locked")
-
             result = await commit_dataset(
-                ctx.store,
-                req,
-                lease,
-                ctx.settings,
-                extra_steps=self._table_steps(req),
-                on_committed=early_notice(ctx, lease.epoch),
+                ctx.store, req, lease, ctx.settings, extra_steps=self._table_steps(req)
             )
             await self._after_commit(result, lease.epoch)
 

@@ -9,17 +9,12 @@ retried, and the marker keeps the retry from doubling the event.
 
 from __future__ import annotations
 
-import logging
 import time
 
-from shared import TransientError
-from shared._logging import kv
-from shared.commit import CommitResult, OnCommitted, read_manifest
+from shared.commit import read_manifest
 from shared.events import Aborted, Committed
 
 from ._context import WorkerContext
-
-log = logging.getLogger("workers.shard")
 
 
 async def announce_committed(
@@ -48,37 +43,6 @@ async def announce_committed(
     await ctx.emit_outcome(ev, dataset=dataset, job=job, outcome="committed")
 
 
-def early_notice(ctx: WorkerContext, epoch: int) -> OnCommitted:
-    """Return the commit point's hook (``commit_dataset(on_committed=...)``): announce the commit.
-
-    The manifest is written then, so the commit is done; the clean-up and the
-    log's deletion that follow change nothing a reader sees. The caller
-    announces again when the sequence has ended (the outcome marker keeps one
-    event), so a Redis error here costs only the early notice: the hook logs it
-    and returns; it never raises TransientError.
-    """
-
-    async def notice(res: CommitResult) -> None:
-        try:
-            await announce_committed(
-                ctx,
-                res.dataset,
-                res.job,
-                files=res.files,
-                size=res.bytes,
-                duration=res.duration,
-                epoch=epoch,
-                phases=res.phase_seconds,
-            )
-        except TransientError as exc:
-            log.warning(
-                "early commit notice not sent; it is sent after the clean-up",
-                extra=kv(dataset=res.dataset, job=res.job, error=str(exc)),
-            )
-
-    return notice
-
-
 async def announce_aborted(
     ctx: WorkerContext, dataset: str, job: str, reason: str, files_deleted: int
 ) -> None:
@@ -102,4 +66,4 @@ async def announce_from_manifest(ctx: WorkerContext, dataset: str, job: str, epo
     await announce_committed(ctx, dataset, job, files=files, size=size, epoch=epoch)
 
 
-__all__ = ["announce_aborted", "announce_committed", "announce_from_manifest", "early_notice"]
+__all__ = ["announce_aborted", "announce_committed", "announce_from_manifest"]

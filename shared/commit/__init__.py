@@ -11,7 +11,7 @@ from ._audit import AuditReport, AuditViolation, ViolationKind, audit
 from ._catalog import CommitToTable, resolve_binding, table_step
 from ._commit import commit_dataset
 from ._errors import CommitStepFailed
-from ._execute import OnCommitted, describe_step, execute_sequence
+from ._execute import describe_step, execute_sequence
 from ._model import CommitRequest, Manifest, ManifestFile, StagedFile, WatermarksDoc, WinningAttempt
 from ._operator import retry_quarantined, skip_quarantined
 from ._plan import plan_commit
@@ -44,7 +44,6 @@ __all__ = [
     "CommitStepFailed",
     "CommitToTable",
     "Manifest",
-    "OnCommitted",
     "ManifestFile",
     "Phase",
     "PublishFile",

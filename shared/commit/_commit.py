@@ -14,7 +14,7 @@ from ..locks import Lease
 from ..storage import ObjectInfo, ObjectStore
 from ._bounded import for_each_bounded
 from ._errors import CommitStepFailed
-from ._execute import OnCommitted, commit_policy, execute_sequence, run_claimed
+from ._execute import commit_policy, execute_sequence, run_claimed
 from ._model import CommitRequest, Manifest
 from ._plan import plan_commit
 from ._publish import PublishFile
@@ -69,7 +69,6 @@ async def _fresh(
     settings: Settings,
     registry: StepRegistry | None,
     clock: Callable[[], float],
-    on_committed: OnCommitted | None,
 ) -> CommitResult:
     """Commit ``seq`` when the survey found no log of the dataset.
 
@@ -86,27 +85,8 @@ async def _fresh(
         store, seq, lease, policy=commit_policy(settings), registry=registry, clock=clock
     )
     return await run_claimed(
-        handle,
-        store,
-        lease,
-        settings,
-        recovered=not created,
-        listed=staged if created else None,
-        clock=clock,
-        on_committed=on_committed,
+        handle, store, lease, settings, recovered=not created, listed=staged if created else None, clock=clock
     )
-
-
-def _timed_from(hook: OnCommitted | None, start: float) -> OnCommitted | None:
-    """Return ``hook`` told the seconds since ``start`` as its result's duration (None: None)."""
-    if hook is None:
-        return None
-    told = hook
-
-    async def timed(res: CommitResult) -> None:
-        await told(msgspec.structs.replace(res, duration=time.monotonic() - start))
-
-    return timed
 
 
 async def commit_dataset(
@@ -118,7 +98,6 @@ async def commit_dataset(
     registry: StepRegistry | None = None,
     extra_steps: Sequence[CommitStep] = (),
     clock: Callable[[], float] = time.time,
-    on_committed: OnCommitted | None = None,
 ) -> CommitResult:
     """Commit ``req`` exactly once, under the dataset's lock (``lease``).
 
@@ -133,12 +112,6 @@ async def commit_dataset(
     4. Else plan, write the log, execute (the sources judged on the listing).
 
     The lock is not taken here: the caller holds it and passes its lease.
-
-    ``on_committed`` is awaited once this call has written ``req``'s manifest
-    (or found it written by the sequence it finished), before the clean-up and
-    the log's deletion, with a ``committed`` result timed from this call's
-    start: a caller can announce the commit one clean-up earlier. It is not
-    called for a commit found complete (the returned result says that).
 
     Returns:
         ``committed``, ``quarantined`` or ``blocked`` (see :class:`CommitResult`).
@@ -166,15 +139,13 @@ async def commit_dataset(
         )
         return finish(res, recovered_jobs)
 
-    told = _timed_from(on_committed, start)
     policy = commit_policy(settings)
     unfinished, staged = await _survey(store, req, policy, registry)
     if not unfinished:
         # The fast path: no log of the dataset is left, so nothing to recover.
         seq = plan_commit(req, lease.epoch, now=clock(), extra_steps=extra_steps)
         try:
-            res = await _fresh(store, req, seq, staged, lease, settings, registry, clock, told)
-            return finish(res, [])
+            return finish(await _fresh(store, req, seq, staged, lease, settings, registry, clock), [])
         except CommitStepFailed as exc:
             # A log appeared meanwhile that cannot be read: it blocks the dataset.
             return blocked(req.job, str(exc), [])
@@ -192,9 +163,7 @@ async def commit_dataset(
             store, req.dataset, req.job, lease, policy=policy, registry=registry, clock=clock
         )
         if handle is not None:
-            res = await run_claimed(
-                handle, store, lease, settings, recovered=True, clock=clock, on_committed=told
-            )
+            res = await run_claimed(handle, store, lease, settings, recovered=True, clock=clock)
             return finish(res, recovered_jobs)
         manifest = await read_manifest(store, req.dataset, req.job)
     except CommitStepFailed as exc:
@@ -204,9 +173,7 @@ async def commit_dataset(
 
     seq = plan_commit(req, lease.epoch, now=clock(), extra_steps=extra_steps)
     try:
-        res = await execute_sequence(
-            store, seq, lease, settings, registry=registry, clock=clock, on_committed=told
-        )
+        res = await execute_sequence(store, seq, lease, settings, registry=registry, clock=clock)
     except CommitStepFailed as exc:
         # A log appeared meanwhile that cannot be read: it blocks the dataset.
         return blocked(req.job, str(exc), recovered_jobs)

@@ -22,7 +22,7 @@ quarantined: the log keeps it with the reason.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 
 from .._retry import RetryPolicy
 from .._settings import Settings
@@ -33,9 +33,6 @@ from ._registry import StepRegistry
 from ._results import CommitResult, CommitStatus
 from ._steps import PHASES, StepContext
 from ._wal import CommitSequence, WalHandle, open_sequence
-
-OnCommitted = Callable[[CommitResult], Awaitable[None]]
-"""Told a sequence's commit point was reached (see :func:`run_claimed`)."""
 
 
 def commit_policy(settings: Settings) -> RetryPolicy:
@@ -52,16 +49,11 @@ async def run_claimed(
     recovered: bool,
     listed: Mapping[str, ObjectInfo] | None = None,
     clock: Callable[[], float] = time.time,
-    on_committed: OnCommitted | None = None,
 ) -> CommitResult:
     """Run the sequence of a log this holder has created or claimed; see the module doc.
 
     ``listed``: the job's staging folder for the dataset as this holder listed
     it before creating the log (sources are judged on it); None to list it here.
-    ``on_committed``: awaited with a ``committed`` result (figures so far) as
-    soon as the manifest phase is done, before the clean-up and the log's
-    deletion: the commit point. Whatever it raises ends the run there (the log
-    stays; the next holder verifies and finishes it).
 
     Returns:
         ``committed`` (log deleted), ``quarantined`` (quarantined now: the log
@@ -133,10 +125,6 @@ async def run_claimed(
         if progress.failure is not None:
             await handle.write(quarantined=progress.failure, done=sorted(progress.done))
             return result("quarantined", progress.redone, progress.failure)
-        if phase == "manifest" and on_committed is not None:
-            # The manifest is the proof of the commit: say so now, the clean-up
-            # and the log's deletion that follow change nothing a reader sees.
-            await on_committed(result("committed", progress.redone))
     await handle.delete()
     return result("committed", progress.redone)
 
@@ -149,11 +137,8 @@ async def execute_sequence(
     *,
     registry: StepRegistry | None = None,
     clock: Callable[[], float] = time.time,
-    on_committed: OnCommitted | None = None,
 ) -> CommitResult:
     """Write ``seq`` to the log (or claim the log already there) and run it to the end.
-
-    ``on_committed``: as :func:`run_claimed`.
 
     An existing log of the same (dataset, job) wins over ``seq``: its steps
     are the ones verified and redone, and the result says ``recovered``.
@@ -173,9 +158,7 @@ async def execute_sequence(
     handle, created = await open_sequence(
         store, seq, lease, policy=commit_policy(settings), registry=registry, clock=clock
     )
-    return await run_claimed(
-        handle, store, lease, settings, recovered=not created, clock=clock, on_committed=on_committed
-    )
+    return await run_claimed(handle, store, lease, settings, recovered=not created, clock=clock)
 
 
-__all__ = ["OnCommitted", "commit_policy", "describe_step", "execute_sequence", "run_claimed"]
+__all__ = ["commit_policy", "describe_step", "execute_sequence", "run_claimed"]

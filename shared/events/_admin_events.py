@@ -61,12 +61,10 @@ class CommitStarted(_DatasetEvent, frozen=True, kw_only=True, tag="commit_starte
 
 
 class Committed(_DatasetEvent, frozen=True, kw_only=True, tag="committed"):
-    """A dataset's commit of a job is complete: its manifest is written (the commit point).
+    """A dataset's commit of a job is complete (manifest written, WAL removed).
 
-    Sent at the commit point, so the staging clean-up and the WAL's removal may
-    still follow (docs/commit.md). ``phases`` gives the seconds each phase of the
-    sequence took until then (``publish``, ``apply`` (watermarks and custom steps),
-    ``manifest``; ``cleanup`` when the event was sent after it): the step latencies.
+    ``phases`` gives the seconds each phase of the sequence took (``publish``, ``apply``
+    (watermarks and custom steps), ``manifest``, ``cleanup``): the step latencies.
     """
 
     files: Count

@@ -16,7 +16,6 @@ from shared._settings import LockSettings
 from shared.commit import (
     AdvanceWatermarks,
     CommitRequest,
-    CommitResult,
     StagedFile,
     StepContext,
     WinningAttempt,
@@ -126,29 +125,3 @@ class _Elsewhere(CountingStore):
     @property
     def url(self) -> str:
         return self._inner.url + "#elsewhere"
-
-
-async def test_the_commit_point_is_told_once_with_the_manifest_written_before_the_clean_up(
-    tmp_path: Path,
-) -> None:
-    store = LocalStore(tmp_path, durable=False)
-    req = await _stage(store, "ds", "job-1", 4)
-    counting = CountingStore(store)
-    seen: list[tuple[str, int, bool, list[str], int]] = []
-
-    async def at_commit_point(res: CommitResult) -> None:
-        manifest = await read_manifest(store, "ds", "job-1")
-        seen.append(
-            (res.status, res.files, manifest is not None, await keys(store, "_wal/"), counting.rounds)
-        )
-
-    lock = StorageLock(counting, lock_name("ds"), owner="probe", settings=LockSettings())
-    async with lock.hold() as lease:
-        res = await commit_dataset(counting, req, lease, fast_settings(), on_committed=at_commit_point)
-    assert res.ok
-    ((status, files, manifest_there, wal, rounds),) = seen
-    assert (status, files, manifest_there) == ("committed", 4, True)
-    # Told before the log's deletion: the clean-up, the log's deletion and the release come after.
-    assert wal == ["_wal/ds/job-1.json"]
-    assert rounds <= counting.rounds - 3, (rounds, counting.rounds)
-    assert await keys(store, "_wal/") == []
