@@ -62,7 +62,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import errno
 import fcntl
 import hashlib
 import os
@@ -80,12 +79,14 @@ from .._errors import (
     BadInput,
     CommitfleetError,
     ConfigError,
-    LinkRefused,
     NotFound,
     PreconditionFailed,
     TransientError,
 )
-from ._local_fs import DIR_FLAGS, NEW_FILE_FLAGS, READ_FLAGS, checked_file, lstat_entry, os_error
+from ._local_fs import NEW_FILE_FLAGS, READ_FLAGS, checked_file, lstat_entry, os_error
+from ._local_scan import info_of as _info
+from ._local_scan import scan
+from ._local_scan import version_of as _version
 from ._local_tree import Tree
 from ._port import RESERVED_TOP, ObjectData, ObjectInfo, StoreLifecycle, check_key, check_prefix
 
@@ -102,14 +103,6 @@ _STRIPE_WAIT_S = 5.0
 _Filler = Callable[[int], None]
 T = TypeVar("T")
 _COPY_CHUNK = 1 << 20
-
-
-def _version(st: os.stat_result) -> str:
-    return f"{st.st_ino:x}-{st.st_mtime_ns:x}"
-
-
-def _info(key: str, st: os.stat_result) -> ObjectInfo:
-    return ObjectInfo(key=key, size=st.st_size, version=_version(st), checksum=None)
 
 
 class LocalStore(StoreLifecycle):
@@ -310,54 +303,7 @@ class LocalStore(StoreLifecycle):
         self._tree.prune(root_fd, folders)
 
     def _scan(self, root_fd: int, prefix: str) -> list[ObjectInfo]:
-        base = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
-        folders = base.split("/") if base else []
-        out: list[ObjectInfo] = []
-        try:
-            with self._tree.folder(root_fd, folders, what=f"list {prefix}", reading=True) as fd:
-                # The root's descriptor is shared by every thread, and a folder's read
-                # position with it: list the root through a descriptor of our own.
-                own = fd if folders else os.open(".", DIR_FLAGS, dir_fd=fd)
-                try:
-                    self._scan_dir(own, base, prefix, out)
-                finally:
-                    if own != fd:
-                        os.close(own)
-        except (NotFound, LinkRefused):
-            return []  # no such folder, or a link: nothing of the store is listed through it
-        out.sort(key=lambda i: i.key)
-        return out
-
-    def _scan_dir(self, fd: int, rel: str, prefix: str, out: list[ObjectInfo]) -> None:
-        with os.scandir(fd) as it:
-            entries = list(it)
-        for entry in entries:
-            if not rel and entry.name == RESERVED_TOP:
-                continue
-            key = f"{rel}/{entry.name}" if rel else entry.name
-            try:
-                if entry.is_symlink():
-                    continue  # never listed, never descended into
-                if entry.is_dir(follow_symlinks=False):
-                    below = key + "/"
-                    if below.startswith(prefix) or prefix.startswith(below):
-                        self._scan_child(fd, entry.name, key, prefix, out)
-                elif entry.is_file(follow_symlinks=False) and key.startswith(prefix):
-                    out.append(_info(key, entry.stat(follow_symlinks=False)))
-            except FileNotFoundError:
-                continue  # deleted while we walked
-
-    def _scan_child(self, parent: int, name: str, key: str, prefix: str, out: list[ObjectInfo]) -> None:
-        try:
-            fd = os.open(name, DIR_FLAGS, dir_fd=parent)
-        except OSError as exc:
-            if exc.errno in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR):
-                return  # gone, or swapped for a link or a file since the scan: not descended into
-            raise
-        try:
-            self._scan_dir(fd, key, prefix, out)
-        finally:
-            os.close(fd)
+        return scan(self._tree, root_fd, prefix)
 
     def _call(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
         """Run ``fn(root_fd, ...)`` holding the root; an ``OSError`` it lets out is mapped into the tree."""

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 import shared.storage._local as local_mod
 import shared.storage._local_fs as fs_mod
+import shared.storage._local_scan as scan_mod
 import shared.storage._local_tree as tree_mod
 from shared._errors import (
     BadInput,
@@ -379,13 +380,13 @@ class _FaultyOs:
         return call
 
     def install(self, monkeypatch: pytest.MonkeyPatch, openat2: tree_mod.OpenAt2 | None) -> None:
-        for mod in (local_mod, fs_mod, tree_mod):
+        for mod in (local_mod, fs_mod, tree_mod, scan_mod):
             monkeypatch.setattr(mod, "os", self)
         monkeypatch.setattr(tree_mod, "openat2", self.wrap(openat2))
 
 
 def _uninstall(monkeypatch: pytest.MonkeyPatch, openat2: tree_mod.OpenAt2 | None) -> None:
-    for mod in (local_mod, fs_mod, tree_mod):
+    for mod in (local_mod, fs_mod, tree_mod, scan_mod):
         monkeypatch.setattr(mod, "os", os)
     monkeypatch.setattr(tree_mod, "openat2", openat2)
 
