@@ -7,25 +7,54 @@ Guarantees, across processes on one host:
   object or the new one, never half of one.
 - Conditional writes (create-if-absent, compare-and-swap) check and rename
   while holding an exclusive ``flock`` on one of :data:`_STRIPES` lock files
-  chosen by the key's hash, so two processes can never both win.
+  chosen by the key's hash, so two processes can never both win. Every write
+  and delete holds its key's stripe, so they are linearizable with each other.
 - The version is ``<inode>-<mtime_ns>`` of the file. Each write is a new inode
   (so it differs from the version it replaces while that one exists) and its
   mtime is stamped with the wall clock plus a random sub-millisecond offset, so
   a delete-then-recreate does not bring an old version back either.
 
-- Symbolic links are never followed (see :mod:`._local_fs`): every key is
-  reached folder by folder from the root with ``O_NOFOLLOW``. A link where a
+- Symbolic links are never followed (see :mod:`._local_tree` and
+  :mod:`._local_fs`): every key is resolved from the root's descriptor by
+  ``openat2`` with ``RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`` where Linux has
+  it, else folder by folder with ``O_NOFOLLOW``; the last name is met with
+  ``O_NOFOLLOW`` opens, ``lstat``, ``renameat`` and ``unlinkat``. A link where a
   key's folder or object should be is refused (``LinkRefused``) by every
   method; ``list`` neither yields links nor descends into linked folders. No
   ``OSError`` escapes: each is mapped into the exception tree.
+
+Durability (``durable=True``, the default): what a write returned survives a
+power cut, with exactly these fsyncs and no others:
+
+1. The temp file, after its bytes and its mtime stamp (the version) and before
+   the rename: without it the rename can reach the disk before the data, and
+   the key would name an empty or partial file after a crash. The stamp is
+   set before this fsync so that the version read back after a crash is the
+   one the write returned.
+2. The key's folder, after the rename: the rename is a change of that folder;
+   until it is written the old object (or none) could come back.
+3. The parent of each folder a write had to make, when it made it: the new
+   folder's name is a change of its parent, which (2) does not write.
+
+Not fsynced, on purpose: ``.cf/tmp`` (a temp name need not survive: at worst a
+stale temp file, which is never read, is left behind), the lock stripes (they
+hold no data; a lock lives only as long as the process holding it) and the
+stripe folder. A delete (and the pruning of emptied folders after it) is
+atomic but not fsynced, as it never was: after a power cut a deleted object
+may be back, as if the delete had not returned. Making it durable would take
+one folder fsync per delete (11 more in a 10-file commit).
+
+With ``durable=False`` (tests, benchmarks) no fsync is made at all.
 
 ``.cf/`` under the root is the store's own area (never a key): ``tmp/`` for
 the temp files of writes in progress (a killed writer may leave one; they are
 never read) and ``stripes/`` for the 4096 ``flock`` files of conditional
 writes.
 
-All blocking work runs in worker threads; cancellation abandons the await but
-the thread finishes its (atomic) operation.
+The root is opened on the first operation and its descriptor held until
+:meth:`LocalStore.close` (after it, a new operation opens it again). All
+blocking work runs in worker threads; cancellation abandons the await but the
+thread finishes its (atomic) operation.
 """
 
 from __future__ import annotations
@@ -33,7 +62,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import errno
 import fcntl
 import hashlib
 import os
@@ -41,42 +69,40 @@ import secrets
 import stat
 import time
 import zlib
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
-from typing import BinaryIO, TypeVar
+from typing import TypeVar
 
 from .._errors import (
     BadInput,
     CommitfleetError,
     ConfigError,
-    LinkRefused,
     NotFound,
     PreconditionFailed,
     TransientError,
 )
-from ._local_fs import DIR_FLAGS, NEW_FILE_FLAGS, lstat_entry, open_file, os_error, prune_empty, walk
+from ._local_fs import NEW_FILE_FLAGS, READ_FLAGS, checked_file, lstat_entry, os_error
+from ._local_scan import info_of as _info
+from ._local_scan import scan
+from ._local_scan import version_of as _version
+from ._local_tree import Tree
 from ._port import RESERVED_TOP, ObjectData, ObjectInfo, StoreLifecycle, check_key, check_prefix
 
 _STRIPES = 4096
+_TMP = (RESERVED_TOP, "tmp")
+_STRIPE_DIR = (RESERVED_TOP, "stripes")
+_STRIPE_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
 # A stripe lock is held for a stat and a rename only (microseconds), but a
 # holder can be frozen (SIGSTOP) inside it: then waiting forever would stall
 # every process on that stripe, and the thread pool with it. Contenders poll
 # for at most this long and then report a transient error instead.
 _STRIPE_WAIT_S = 5.0
-# Writes an object's bytes into an open temp file.
-_Filler = Callable[[BinaryIO], None]
+# Writes an object's bytes into an open temp file (its descriptor).
+_Filler = Callable[[int], None]
 T = TypeVar("T")
 _COPY_CHUNK = 1 << 20
-
-
-def _version(st: os.stat_result) -> str:
-    return f"{st.st_ino:x}-{st.st_mtime_ns:x}"
-
-
-def _info(key: str, st: os.stat_result) -> ObjectInfo:
-    return ObjectInfo(key=key, size=st.st_size, version=_version(st), checksum=None)
 
 
 class LocalStore(StoreLifecycle):
@@ -93,18 +119,22 @@ class LocalStore(StoreLifecycle):
         self._root = root
         self._url = url or root.as_uri()
         self._durable = durable
+        self._tree = Tree(root, durable=durable)
         # Our own pool: the event loop's default one has only cpu+4 threads,
         # too few when many commits write at once.
         self._pool: ThreadPoolExecutor | None = None
         try:
             root.mkdir(parents=True, exist_ok=True)  # the configured root may itself lie behind links
-            for area in ("tmp", "stripes"):
-                with walk(root, [RESERVED_TOP, area], create=True, what="open the local store"):
-                    pass
+            with self._tree.held() as root_fd:
+                for area in (_TMP, _STRIPE_DIR):
+                    with self._tree.folder(root_fd, area, what="open the local store", create=True):
+                        pass
         except OSError as exc:
             raise ConfigError(f"cannot create local store at {root}: {exc}") from exc
         except CommitfleetError as exc:  # .cf/ is a link or a file: not a usable root
             raise ConfigError(f"cannot use local store at {root}: {exc}") from exc
+        finally:
+            self._tree.close()  # opened again by the first operation: a store never used holds nothing
 
     @property
     def url(self) -> str:
@@ -115,15 +145,14 @@ class LocalStore(StoreLifecycle):
         """The directory holding the objects."""
         return self._root
 
-    # -- helpers (run in threads; every path walked from the root, never through a link) ---------
+    # -- helpers (run in threads, given the root's descriptor; nothing reached through a link) ---
 
     @contextlib.contextmanager
-    def _stripe(self, key: str) -> Iterator[None]:
+    def _stripe(self, root_fd: int, key: str) -> Iterator[None]:
         n = zlib.crc32(key.encode()) % _STRIPES
-        with walk(self._root, [RESERVED_TOP, "stripes"], create=True, what=f"lock stripe of {key}") as fds:
-            fd = os.open(
-                f"{n:03x}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=fds[-1]
-            )
+        what = f"lock stripe of {key}"
+        name = f"{n:03x}.lock"
+        fd = self._tree.open_at(root_fd, _STRIPE_DIR, name, _STRIPE_FLAGS, 0o644, what=what, create=True)
         try:
             deadline = time.monotonic() + _STRIPE_WAIT_S
             pause = 0.0005
@@ -140,24 +169,21 @@ class LocalStore(StoreLifecycle):
         finally:
             os.close(fd)  # closing the descriptor drops the flock
 
-    def _put(self, key: str, fill: _Filler, *, absent: bool, version: str | None) -> ObjectInfo:
+    def _put(self, root_fd: int, key: str, fill: _Filler, *, absent: bool, version: str | None) -> ObjectInfo:
         folders, name = _split(key)
         what = f"write {key}"
-        with walk(self._root, [RESERVED_TOP, "tmp"], create=True, what=what) as tfds:
-            tmpdir = tfds[-1]
+        with self._tree.folder(root_fd, _TMP, what=what, create=True) as tmpdir:
             tmp = f"{os.getpid()}-{secrets.token_hex(8)}"
             fd = os.open(tmp, NEW_FILE_FLAGS, 0o644, dir_fd=tmpdir)
             installed = False
             try:
-                with os.fdopen(fd, "wb", closefd=False) as fh:
-                    fill(fh)
-                    fh.flush()
-                if self._durable:
-                    os.fsync(fd)
+                fill(fd)
                 stamp = time.time_ns() + secrets.randbelow(1_000_000)
                 os.utime(fd, ns=(stamp, stamp))
+                if self._durable:
+                    os.fsync(fd)  # bytes and stamp on disk before the name points at them
                 st = os.fstat(fd)
-                self._install(tmpdir, tmp, folders, name, key, absent=absent, version=version)
+                self._install(root_fd, tmpdir, tmp, folders, name, key, absent=absent, version=version)
                 installed = True
             finally:
                 os.close(fd)
@@ -168,9 +194,10 @@ class LocalStore(StoreLifecycle):
 
     def _install(
         self,
+        root_fd: int,
         tmpdir: int,
         tmp: str,
-        folders: list[str],
+        folders: Sequence[str],
         name: str,
         key: str,
         *,
@@ -179,11 +206,10 @@ class LocalStore(StoreLifecycle):
     ) -> None:
         what = f"write {key}"
         # A concurrent delete may prune an (empty) parent between making it
-        # and the rename into it (ENOENT): walking again is enough.
+        # and the rename into it (ENOENT): resolving it again is enough.
         for _ in range(20):
-            with walk(self._root, folders, create=True, what=what) as fds:
-                parent = fds[-1]
-                with self._stripe(key):
+            with self._tree.folder(root_fd, folders, what=what, create=True) as parent:
+                with self._stripe(root_fd, key):
                     cur = lstat_entry(parent, name, what)  # a link: LinkRefused, never replaced
                     if cur is not None and not stat.S_ISREG(cur.st_mode):
                         raise BadInput(f"{what}: the key names a folder or a special file")
@@ -202,123 +228,96 @@ class LocalStore(StoreLifecycle):
                 return
         raise TransientError(f"{what}: its folder keeps disappearing")
 
-    def _open_object(self, key: str, what: str) -> tuple[int, os.stat_result]:
+    def _open_object(self, root_fd: int, key: str, what: str) -> tuple[int, os.stat_result]:
         folders, name = _split(key)
-        with walk(self._root, folders, create=False, what=what, reading=True) as fds:
-            return open_file(fds[-1], name, what)
+        fd = self._tree.open_at(root_fd, folders, name, READ_FLAGS, what=what, reading=True)
+        return checked_file(fd, what)
 
-    def _read(self, key: str) -> ObjectData:
-        fd, st = self._open_object(key, f"read {key}")
-        with os.fdopen(fd, "rb") as fh:
-            data = fh.read()
+    def _read(self, root_fd: int, key: str) -> ObjectData:
+        fd, st = self._open_object(root_fd, key, f"read {key}")
+        try:
+            data = _read_all(fd, st.st_size)
+        finally:
+            os.close(fd)
         return ObjectData(info=_info(key, st), data=data)
 
-    def _head(self, key: str) -> ObjectInfo:
+    def _head(self, root_fd: int, key: str) -> ObjectInfo:
         folders, name = _split(key)
         what = f"head {key}"
-        with walk(self._root, folders, create=False, what=what, reading=True) as fds:
-            st = lstat_entry(fds[-1], name, what)
+        st = self._tree.lstat_at(root_fd, folders, name, what=what)
         if st is None or stat.S_ISDIR(st.st_mode):
             raise NotFound(key)
         if not stat.S_ISREG(st.st_mode):
             raise BadInput(f"{what}: not a regular file")
         return _info(key, st)
 
-    def _head_md5(self, key: str) -> ObjectInfo:
-        fd, st = self._open_object(key, f"checksum {key}")
+    def _head_md5(self, root_fd: int, key: str) -> ObjectInfo:
+        fd, st = self._open_object(root_fd, key, f"checksum {key}")
         digest = hashlib.md5(usedforsecurity=False)
-        with os.fdopen(fd, "rb") as fh:
-            while chunk := fh.read(_COPY_CHUNK):
+        try:
+            while chunk := os.read(fd, _COPY_CHUNK):
                 digest.update(chunk)
+        finally:
+            os.close(fd)
         # The version and size are those of the bytes hashed (same descriptor).
         return ObjectInfo(key=key, size=st.st_size, version=_version(st), checksum=digest.hexdigest())
 
-    def _copy(self, src: str, dst: str, pin: str | None) -> ObjectInfo:
-        fd, st = self._open_object(src, f"copy {src}")
-        if pin is not None and _version(st) != pin:
+    def _copy(self, root_fd: int, src: str, dst: str, pin: str | None) -> ObjectInfo:
+        fd, st = self._open_object(root_fd, src, f"copy {src}")
+        try:
+            if pin is not None and _version(st) != pin:
+                raise PreconditionFailed(f"copy {src}: the source is no longer at version {pin}")
+            digest = hashlib.md5(usedforsecurity=False)
+
+            def fill(out: int) -> None:
+                while chunk := os.read(fd, _COPY_CHUNK):
+                    digest.update(chunk)
+                    _write_all(out, chunk)
+
+            info = self._put(root_fd, dst, fill, absent=False, version=None)
+        finally:
             os.close(fd)
-            raise PreconditionFailed(f"copy {src}: the source is no longer at version {pin}")
-        digest = hashlib.md5(usedforsecurity=False)
-
-        def fill(out: BinaryIO) -> None:
-            while chunk := fh.read(_COPY_CHUNK):
-                digest.update(chunk)
-                out.write(chunk)
-
-        with os.fdopen(fd, "rb") as fh:
-            info = self._put(dst, fill, absent=False, version=None)
         # The MD5 of the bytes copied, measured on the way: a copy's answer
         # says what was copied, like the cloud stores' copies do.
         return dataclasses.replace(info, checksum=digest.hexdigest())
 
-    def _delete(self, key: str) -> None:
+    def _delete(self, root_fd: int, key: str) -> None:
         folders, name = _split(key)
         what = f"delete {key}"
         try:
-            with walk(self._root, folders, create=False, what=what, reading=True) as fds:
-                with self._stripe(key):
-                    st = lstat_entry(fds[-1], name, what)  # a link: LinkRefused, never removed
-                    if st is None or stat.S_ISDIR(st.st_mode):
-                        return
-                    if not stat.S_ISREG(st.st_mode):
-                        raise BadInput(f"{what}: not a regular file")
-                    try:
-                        os.unlink(name, dir_fd=fds[-1])
-                    except FileNotFoundError:
-                        return
-                prune_empty(fds, folders)
+            with (
+                self._tree.folder(root_fd, folders, what=what, reading=True) as parent,
+                self._stripe(root_fd, key),
+            ):
+                st = lstat_entry(parent, name, what)  # a link: LinkRefused, never removed
+                if st is None or stat.S_ISDIR(st.st_mode):
+                    return
+                if not stat.S_ISREG(st.st_mode):
+                    raise BadInput(f"{what}: not a regular file")
+                try:
+                    os.unlink(name, dir_fd=parent)
+                except FileNotFoundError:
+                    return
         except NotFound:
             return  # a missing folder on the way: nothing to delete
+        self._tree.prune(root_fd, folders)
 
-    def _scan(self, prefix: str) -> list[ObjectInfo]:
-        base = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
-        out: list[ObjectInfo] = []
+    def _scan(self, root_fd: int, prefix: str) -> list[ObjectInfo]:
+        return scan(self._tree, root_fd, prefix)
+
+    def _call(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
+        """Run ``fn(root_fd, ...)`` holding the root; an ``OSError`` it lets out is mapped into the tree."""
         try:
-            with walk(
-                self._root, base.split("/") if base else [], create=False, what=f"list {prefix}", reading=True
-            ) as fds:
-                self._scan_dir(fds[-1], base, prefix, out)
-        except (NotFound, LinkRefused):
-            return []  # no such folder, or a link: nothing of the store is listed through it
-        out.sort(key=lambda i: i.key)
-        return out
-
-    def _scan_dir(self, fd: int, rel: str, prefix: str, out: list[ObjectInfo]) -> None:
-        with os.scandir(fd) as it:
-            entries = list(it)
-        for entry in entries:
-            if not rel and entry.name == RESERVED_TOP:
-                continue
-            key = f"{rel}/{entry.name}" if rel else entry.name
-            try:
-                if entry.is_symlink():
-                    continue  # never listed, never descended into
-                if entry.is_dir(follow_symlinks=False):
-                    below = key + "/"
-                    if below.startswith(prefix) or prefix.startswith(below):
-                        self._scan_child(fd, entry.name, key, prefix, out)
-                elif entry.is_file(follow_symlinks=False) and key.startswith(prefix):
-                    out.append(_info(key, entry.stat(follow_symlinks=False)))
-            except FileNotFoundError:
-                continue  # deleted while we walked
-
-    def _scan_child(self, parent: int, name: str, key: str, prefix: str, out: list[ObjectInfo]) -> None:
-        try:
-            fd = os.open(name, DIR_FLAGS, dir_fd=parent)
+            with self._tree.held() as root_fd:
+                return fn(root_fd, *args, **kwargs)
         except OSError as exc:
-            if exc.errno in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR):
-                return  # gone, or swapped for a link or a file since the scan: not descended into
-            raise
-        try:
-            self._scan_dir(fd, key, prefix, out)
-        finally:
-            os.close(fd)
+            raise os_error(exc, getattr(fn, "__name__", "local store").lstrip("_")) from exc
 
     async def _run(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="cf-local-store")
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, partial(_guarded, fn, *args, **kwargs))
+        return await loop.run_in_executor(self._pool, partial(self._call, fn, *args, **kwargs))
 
     # -- the port -----------------------------------------------------------------
 
@@ -361,6 +360,7 @@ class LocalStore(StoreLifecycle):
         if pool is not None:
             # Running operations finish (each is atomic); nothing new starts.
             pool.shutdown(wait=False)
+        self._tree.close()  # at once, or when the last running operation ends
 
 
 def _split(key: str) -> tuple[list[str], str]:
@@ -368,17 +368,26 @@ def _split(key: str) -> tuple[list[str], str]:
     return parts[:-1], parts[-1]
 
 
-def _guarded(fn: Callable[..., T], *args: object, **kwargs: object) -> T:
-    """Run ``fn``; an ``OSError`` it lets out is mapped into the exception tree (none escapes raw)."""
-    try:
-        return fn(*args, **kwargs)
-    except OSError as exc:
-        raise os_error(exc, getattr(fn, "__name__", "local store").lstrip("_")) from exc
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _read_all(fd: int, size: int) -> bytes:
+    """Return every byte left in ``fd``; ``size`` (its fstat) sizes the first read."""
+    first = os.read(fd, size + 1)
+    if not first:
+        return b""
+    parts = [first]
+    while chunk := os.read(fd, _COPY_CHUNK):
+        parts.append(chunk)
+    return first if len(parts) == 1 else b"".join(parts)
 
 
 def _bytes_filler(data: bytes) -> _Filler:
-    def fill(out: BinaryIO) -> None:
-        out.write(data)
+    def fill(out: int) -> None:
+        _write_all(out, data)
 
     return fill
 

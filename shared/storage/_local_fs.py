@@ -1,13 +1,18 @@
-"""The local store's file-system primitives: every path is walked from the root, never through a link.
+"""The local store's file-system primitives: the walk, one folder at a time, never through a link.
 
-A key ``a/b/c`` is reached by opening the root, then ``a`` and ``b`` one at a
-time relative to the folder before (``openat`` with ``O_DIRECTORY |
-O_NOFOLLOW``), and acting on ``c`` relative to ``b`` (``O_NOFOLLOW`` opens,
-``lstat``, ``renameat``, ``unlinkat``). The kernel then never resolves a
-symbolic link inside the store: a link anywhere on the way is met as
-``ELOOP``/``ENOTDIR`` and refused (:class:`~shared._errors.LinkRefused`),
+A key ``a/b/c`` is reached from the root's descriptor by opening ``a`` and
+``b`` one at a time relative to the folder before (``openat`` with
+``O_DIRECTORY | O_NOFOLLOW``), and acting on ``c`` relative to ``b``
+(``O_NOFOLLOW`` opens, ``lstat``, ``renameat``, ``unlinkat``). The kernel then
+never resolves a symbolic link inside the store: a link anywhere on the way is
+met as ``ELOOP``/``ENOTDIR`` and refused (:class:`~shared._errors.LinkRefused`),
 whatever another process changes meanwhile. Only the root path itself, which
 the operator configured, is resolved by the kernel.
+
+The walk is the local store's slow path: where Linux's ``openat2`` is there
+(:mod:`._local_tree`), a whole path is resolved in one call under the same
+rule, and the walk only runs to make missing folders and to say exactly what
+is in the way when that call fails.
 
 Every ``OSError`` is mapped into the exception tree here (:func:`os_error`);
 none escapes the local store raw.
@@ -89,10 +94,15 @@ def open_root(root: Path) -> int:
         raise ConfigError(f"local store root {root} cannot be opened: {exc.strerror}") from exc
 
 
-def open_dir(parent: int, name: str, *, create: bool, what: str, reading: bool = False) -> int:
+def open_dir(
+    parent: int, name: str, *, create: bool, what: str, reading: bool = False, durable: bool = False
+) -> int:
     """Return a descriptor of folder ``name`` inside ``parent``, never through a link.
 
-    With ``create``, a missing folder is made (a concurrent maker is fine).
+    With ``create``, a missing folder is made (a concurrent maker is fine);
+    with ``durable`` too, ``parent`` is then fsynced, so the new folder's name
+    survives a power cut (the object later put in it is fsynced with its own
+    folder, which does not make the folder's own name durable).
 
     Raises:
         NotFound: it does not exist (and ``create`` is off), or it is a file
@@ -121,6 +131,8 @@ def open_dir(parent: int, name: str, *, create: bool, what: str, reading: bool =
             raise _ParentGone(f"{what}: folder above {name!r} was removed meanwhile") from exc
         except OSError as exc:
             raise os_error(exc, what) from exc
+        if durable:
+            os.fsync(parent)
     raise TransientError(f"{what}: folder {name!r} keeps changing")
 
 
@@ -130,18 +142,28 @@ class _ParentGone(TransientError):
 
 @contextlib.contextmanager
 def walk(
-    root: Path, folders: Sequence[str], *, create: bool, what: str, reading: bool = False
+    root_fd: int,
+    folders: Sequence[str],
+    *,
+    create: bool,
+    what: str,
+    reading: bool = False,
+    durable: bool = False,
 ) -> Iterator[list[int]]:
     """Yield descriptors of the root and of each of ``folders`` below it, in order; close them after.
 
-    Raises (on entry): as :func:`open_root` and :func:`open_dir`.
+    ``root_fd`` (the first one yielded) is the caller's: it is neither
+    duplicated nor closed here. ``create`` and ``durable``: as :func:`open_dir`.
+
+    Raises (on entry): as :func:`open_dir`.
     """
     fds: list[int] = []
     for _ in range(20):
-        fds = [open_root(root)]
+        fds = [root_fd]
         try:
             for name in folders:
-                fds.append(open_dir(fds[-1], name, create=create, what=what, reading=reading))
+                fd = open_dir(fds[-1], name, create=create, what=what, reading=reading, durable=durable)
+                fds.append(fd)
             break
         except _ParentGone:
             _close_all(fds)
@@ -157,7 +179,8 @@ def walk(
 
 
 def _close_all(fds: list[int]) -> None:
-    for fd in reversed(fds):
+    """Close every descriptor of a walk but the first (the root's, which the caller owns)."""
+    for fd in reversed(fds[1:]):
         os.close(fd)
 
 
@@ -194,6 +217,16 @@ def open_file(parent: int, name: str, what: str) -> tuple[int, os.stat_result]:
         fd = os.open(name, READ_FLAGS, dir_fd=parent)
     except OSError as exc:
         raise os_error(exc, what) from exc
+    return checked_file(fd, what)
+
+
+def checked_file(fd: int, what: str) -> tuple[int, os.stat_result]:
+    """Return ``fd`` (opened with :data:`READ_FLAGS`) in blocking mode and its ``fstat``, if a regular file.
+
+    Raises (after closing ``fd``):
+        NotFound: a folder (a prefix is not an object).
+        BadInput: not a regular file (FIFO, socket, device).
+    """
     try:
         st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
@@ -222,7 +255,10 @@ def prune_empty(fds: list[int], folders: Sequence[str]) -> None:
 
 
 __all__ = [
+    "DIR_FLAGS",
     "NEW_FILE_FLAGS",
+    "READ_FLAGS",
+    "checked_file",
     "lstat_entry",
     "open_dir",
     "open_file",

@@ -8,9 +8,13 @@ committed dataset, counted from the first publish to the last commit::
 
     .venv/bin/python -m tests.bench.worker_cpu --datasets 2000
     .venv/bin/python -m tests.bench.worker_cpu --datasets 2000 --py-spy /tmp/w.txt
+    .venv/bin/python -m tests.bench.worker_cpu --datasets 2000 --perf /tmp/w.perf
 
 With ``--py-spy FILE`` the first worker is sampled by py-spy (raw collapsed
-stacks into FILE; py-spy must be installed and allowed to attach). Target
+stacks into FILE; py-spy must be installed and allowed to attach). With
+``--perf FILE`` every worker is sampled by Linux ``perf record -g`` (kernel
+frames too: on local files much of the CPU is in the file system; read it with
+``perf report -i FILE``). Target
 (issue 11): <= 7 ms of worker CPU per 10-task dataset.
 """
 
@@ -66,6 +70,7 @@ async def run(args: argparse.Namespace) -> float:
     r = redis.asyncio.Redis.from_url(server.url)
     procs: list[FleetProcess] = []
     spy: subprocess.Popen[bytes] | None = None
+    perf: subprocess.Popen[bytes] | None = None
     try:
         await ensure_fleet(r, fleet, args.shards)
         jobs: list[list[QueueEvent]] = []
@@ -98,6 +103,14 @@ async def run(args: argparse.Namespace) -> float:
                 stdout=subprocess.DEVNULL,
             )
             await asyncio.sleep(1)
+        if args.perf:
+            pids = ",".join(str(p.pid) for p in workers)
+            perf = subprocess.Popen(
+                ["perf", "record", "-g", "-F", "499", "-o", args.perf, "-p", pids],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            await asyncio.sleep(1)
         before = [cpu_seconds(p.pid) for p in workers]
         t0 = time.monotonic()
         pub = AsyncPublisher(r, fleet, args.shards)
@@ -108,6 +121,9 @@ async def run(args: argparse.Namespace) -> float:
         elapsed = time.monotonic() - t0
         used = sum(cpu_seconds(p.pid) for p in workers) - sum(before)
     finally:
+        if perf is not None:
+            perf.send_signal(signal.SIGINT)  # perf writes its file on SIGINT
+            perf.wait(timeout=120)
         if spy is not None:
             spy.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
             spy.wait(timeout=60)
@@ -136,6 +152,7 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--shards", type=int, default=16)
     p.add_argument("--py-spy", default="", help="sample the first worker with py-spy into this file")
+    p.add_argument("--perf", default="", help="sample every worker with perf record -g into this file")
     asyncio.run(run(p.parse_args()))
 
 

@@ -5,6 +5,9 @@ folders inside and outside the root, dangling and looping links, a file where a 
 expected and the reverse, a FIFO, names too long, a linked ``.cf/``), then by hypothesis over
 random layouts and calls. Each call must end with a value or an error of the tree, and the
 folder outside the root must be byte-for-byte and link-for-link what it was.
+
+Every test here runs twice: with ``openat2`` resolving whole paths (the fast path) and with it
+taken away, as on a kernel without it (the walk, one folder at a time).
 """
 
 from __future__ import annotations
@@ -19,6 +22,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import shared.storage._local as local_mod
+import shared.storage._local_fs as fs_mod
+import shared.storage._local_scan as scan_mod
+import shared.storage._local_tree as tree_mod
 from shared._errors import (
     BadInput,
     CommitfleetError,
@@ -29,6 +36,15 @@ from shared._errors import (
 )
 from shared.storage._local import LocalStore
 from shared.storage._local_fs import os_error
+
+
+@pytest.fixture(autouse=True, params=["openat2", "walk"])
+def resolver(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run the test with ``openat2`` (as this kernel has it) and without it (the walk)."""
+    if request.param == "walk":
+        monkeypatch.setattr(tree_mod, "openat2", None)
+    return str(request.param)
+
 
 SECRET = b"outside the root: never published"
 
@@ -298,7 +314,20 @@ async def test_fuzz_hostile_layouts_only_tree_errors_and_outside_untouched(
 # -- every OS error at every OS call of every method ---------------------------------------------
 
 _FAULTABLE = frozenset(
-    {"open", "stat", "rename", "unlink", "mkdir", "rmdir", "fstat", "fsync", "utime", "scandir"}
+    {
+        "open",
+        "stat",
+        "rename",
+        "unlink",
+        "mkdir",
+        "rmdir",
+        "fstat",
+        "fsync",
+        "utime",
+        "scandir",
+        "read",
+        "write",
+    }
 )
 _INJECTED = [
     errno.EACCES,
@@ -337,6 +366,30 @@ class _FaultyOs:
 
         return call
 
+    def wrap(self, real: tree_mod.OpenAt2 | None) -> tree_mod.OpenAt2 | None:
+        """Return ``real`` (``openat2``) counted and failing like the ``os`` calls."""
+        if real is None:
+            return None
+
+        def call(dir_fd: int, path: str, flags: int, mode: int) -> int:
+            self.calls += 1
+            if self.calls == self.fail_at:
+                raise OSError(self.code, os.strerror(self.code))
+            return real(dir_fd, path, flags, mode)
+
+        return call
+
+    def install(self, monkeypatch: pytest.MonkeyPatch, openat2: tree_mod.OpenAt2 | None) -> None:
+        for mod in (local_mod, fs_mod, tree_mod, scan_mod):
+            monkeypatch.setattr(mod, "os", self)
+        monkeypatch.setattr(tree_mod, "openat2", self.wrap(openat2))
+
+
+def _uninstall(monkeypatch: pytest.MonkeyPatch, openat2: tree_mod.OpenAt2 | None) -> None:
+    for mod in (local_mod, fs_mod, tree_mod, scan_mod):
+        monkeypatch.setattr(mod, "os", os)
+    monkeypatch.setattr(tree_mod, "openat2", openat2)
+
 
 async def _prepared(root: Path) -> tuple[LocalStore, str]:
     info = await LocalStore(root, durable=False).write("a/b/obj", b"object bytes")
@@ -350,8 +403,7 @@ _METHOD_OPS = [*OPS, "list"]
 async def test_every_os_error_at_every_call_comes_out_as_a_tree_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, op: str
 ) -> None:
-    import shared.storage._local as local_mod
-    import shared.storage._local_fs as fs_mod
+    openat2 = tree_mod.openat2  # None when the walk is tested
 
     async def run(store: LocalStore, version: str) -> None:
         # Each call is one that succeeds without faults, so every OS call on its path is reached.
@@ -370,20 +422,16 @@ async def test_every_os_error_at_every_call_comes_out_as_a_tree_error(
 
     counting = _FaultyOs()
     store, version = await _prepared(tmp_path / "count")
-    monkeypatch.setattr(local_mod, "os", counting)
-    monkeypatch.setattr(fs_mod, "os", counting)
+    counting.install(monkeypatch, openat2)
     await run(store, version)
     total = counting.calls
     assert total >= 2, op
     seen: set[type[BaseException]] = set()
     for code in _INJECTED:
         for k in range(1, total + 1):
-            monkeypatch.setattr(local_mod, "os", os)
-            monkeypatch.setattr(fs_mod, "os", os)
+            _uninstall(monkeypatch, openat2)
             store, version = await _prepared(tmp_path / f"{op}-{code}-{k}")
-            faulty = _FaultyOs(fail_at=k, code=code)
-            monkeypatch.setattr(local_mod, "os", faulty)
-            monkeypatch.setattr(fs_mod, "os", faulty)
+            _FaultyOs(fail_at=k, code=code).install(monkeypatch, openat2)
             try:
                 await run(store, version)
             except CommitfleetError as exc:
