@@ -73,7 +73,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from .._errors import (
     BadInput,
@@ -317,7 +317,16 @@ class LocalStore(StoreLifecycle):
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="cf-local-store")
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, partial(self._call, fn, *args, **kwargs))
+        fut = loop.run_in_executor(self._pool, partial(self._call, fn, *args, **kwargs))
+        try:
+            return await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            # A thread cannot be stopped: a write left running after its caller was
+            # cancelled (a holder whose lease ran out, a crashed commit) could land
+            # after the next holder read what it replaces. File operations are
+            # short, so the cancel waits for the thread, then goes on.
+            await _settle(fut)
+            raise
 
     # -- the port -----------------------------------------------------------------
 
@@ -395,3 +404,16 @@ def _bytes_filler(data: bytes) -> _Filler:
 def md5_hex(data: bytes) -> str:
     """Hex MD5 of ``data`` (used to compare against store checksums)."""
     return hashlib.md5(data, usedforsecurity=False).hexdigest()
+
+
+async def _settle(fut: asyncio.Future[Any]) -> None:
+    """Wait until ``fut`` is done, through any further cancels (the caller re-raises the first).
+
+    Returns None; the future's own outcome is retrieved and dropped (its
+    caller was cancelled and will never see it).
+    """
+    while not fut.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait({fut})
+    if not fut.cancelled():
+        fut.exception()
