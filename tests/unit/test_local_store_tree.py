@@ -179,22 +179,31 @@ async def test_a_durable_write_fsyncs_the_file_its_folder_and_the_parent_of_each
     assert synced == []  # deletes are atomic, not fsynced (see the module doc)
 
 
-def _open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
+def _fds_on(folder: Path) -> int:
+    """How many of this process's descriptors are open on ``folder`` (other tests' fds come and go)."""
+    target = str(folder.resolve())
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}") == target
+        except OSError:
+            continue  # closed meanwhile (the listing's own descriptor, a finalised socket)
+    return count
 
 
 async def test_the_root_is_held_while_used_and_let_go_by_close(tmp_path: Path) -> None:
-    baseline = _open_fds()
-    store = LocalStore(tmp_path / "root", durable=False)
-    assert _open_fds() == baseline  # a store never used holds nothing
+    root = tmp_path / "root"
+    store = LocalStore(root, durable=False)
+    assert _fds_on(root) == 0  # a store never used holds nothing
     await store.write("a/b", b"x")
-    assert _open_fds() == baseline + 1  # the root, held
+    assert _fds_on(root) == 1  # the root, held
     await store.close()
-    assert _open_fds() == baseline
+    assert _fds_on(root) == 0
     assert (await store.read("a/b")).data == b"x"  # usable again: opened again
+    assert _fds_on(root) == 1
     await store.close()
     await store.close()  # twice is fine
-    assert _open_fds() == baseline
+    assert _fds_on(root) == 0
 
 
 async def test_close_during_operations_waits_for_the_last_one(tmp_path: Path) -> None:
