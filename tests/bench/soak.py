@@ -278,8 +278,15 @@ async def soak(args: argparse.Namespace) -> int:
         os.environ["MALLOC_TRIM_THRESHOLD_"] = str(args.malloc_trim_threshold)
         env_note = f" MALLOC_TRIM_THRESHOLD_={args.malloc_trim_threshold}"
     procs = [FleetProcess("coordinator", "soak-coordinator", config, work)]
+    launcher = "coordinator"
+    if args.tracemalloc is not None:
+        launcher = "tests.bench._traced"
+        os.environ["CF_TRACEMALLOC_DIR"] = str(args.tracemalloc.resolve())
+        os.environ["CF_TRACEMALLOC_EVERY"] = str(args.tracemalloc_every)
     procs += [
-        FleetProcess("worker", f"soak-worker-{i}", trim_config if i < trimmed else config, work)
+        FleetProcess(
+            "worker", f"soak-worker-{i}", trim_config if i < trimmed else config, work, module=launcher
+        )
         for i in range(args.workers)
     ]
     labels = [f"w{i}:{'trim' if i < trimmed and interval > 0 else 'plain'}" for i in range(args.workers)]
@@ -427,6 +434,15 @@ def main() -> None:
     )
     p.add_argument("--trim-workers", type=int, default=None, help="how many workers trim (default: all)")
     p.add_argument("--print-every", type=int, default=5, help="print every n-th sample as it is taken")
+    p.add_argument(
+        "--tracemalloc",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="run the workers under tracemalloc, a snapshot into DIR every --tracemalloc-every s"
+        " (tests/bench/_traced.py; diff with tests/bench/heapdiff.py); RSS figures then include its cost",
+    )
+    p.add_argument("--tracemalloc-every", type=float, default=120.0)
     sys.exit(asyncio.run(soak(p.parse_args())))
 
 

@@ -1,0 +1,41 @@
+"""Diff two tracemalloc snapshots (a script): what grew between them, by traceback.
+
+    .venv/bin/python -m tests.bench.heapdiff OLD.snap NEW.snap [--top 25] [--frames 8]
+
+Prints the total traced size of each, then the ``--top`` tracebacks whose size
+grew the most (size and count difference), each with its frames, innermost
+last; tracemalloc's own and importlib's allocations are left out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tracemalloc
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("old")
+    p.add_argument("new")
+    p.add_argument("--top", type=int, default=25)
+    p.add_argument("--frames", type=int, default=8)
+    p.add_argument("--key", default="traceback", choices=["traceback", "lineno", "filename"])
+    args = p.parse_args()
+    filters = [
+        tracemalloc.Filter(False, tracemalloc.__file__),
+        tracemalloc.Filter(False, "<frozen importlib._bootstrap>"),
+        tracemalloc.Filter(False, "<frozen importlib._bootstrap_external>"),
+    ]
+    old = tracemalloc.Snapshot.load(args.old).filter_traces(filters)
+    new = tracemalloc.Snapshot.load(args.new).filter_traces(filters)
+    total_old = sum(s.size for s in old.statistics("filename"))
+    total_new = sum(s.size for s in new.statistics("filename"))
+    print(f"traced: {total_old / 1e6:.2f} MB -> {total_new / 1e6:.2f} MB ({(total_new - total_old) / 1e6:+.2f} MB)")
+    for stat in new.compare_to(old, args.key)[: args.top]:
+        print(f"{stat.size_diff / 1e3:+9.1f} kB {stat.count_diff:+7d} blocks (now {stat.size / 1e3:.1f} kB)")
+        for line in stat.traceback.format(limit=args.frames, most_recent_first=False):
+            print("    " + line)
+
+
+if __name__ == "__main__":
+    main()
