@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import secrets
-import threading
-from collections import OrderedDict
+import sys
 from collections.abc import Mapping
 
 import msgspec
 
 from .._errors import BadInput, NotFound, PreconditionFailed, TransientError
+from .._recent import Recent
 from ..events import watermarks_key
 from ..storage import ObjectStore
 from ._errors import CommitStepFailed
@@ -62,28 +62,24 @@ class _SeenDocs:
 
     A guess for the next compare-and-swap only (a wrong one costs one refused
     write); bounded, oldest forgotten first, so it follows the datasets this
-    process works on.
+    process works on. Kept compact (issue 9: thousands of entries): the values
+    as a tuple of pairs with the watermark names interned, not a dict each.
     """
 
     def __init__(self, limit: int = 4096) -> None:
-        self._limit = limit
-        self._mutex = threading.Lock()  # commits may run on several threads' loops
-        self._docs: OrderedDict[tuple[str, str], tuple[dict[str, int], str]] = OrderedDict()
+        self._docs: Recent[tuple[tuple[tuple[str, int], ...], str]] = Recent(limit)
 
     def get(self, url: str, key: str) -> tuple[dict[str, int], str] | None:
-        with self._mutex:
-            return self._docs.get((url, key))
+        """Return a fresh copy of the values last seen, with their version, or None."""
+        seen = self._docs.get(url, key)
+        return None if seen is None else (dict(seen[0]), seen[1])
 
     def put(self, url: str, key: str, doc: tuple[dict[str, int], str]) -> None:
-        with self._mutex:
-            self._docs[(url, key)] = doc
-            self._docs.move_to_end((url, key))
-            while len(self._docs) > self._limit:
-                self._docs.popitem(last=False)
+        values = tuple((sys.intern(name), value) for name, value in doc[0].items())
+        self._docs.put(url, key, (values, doc[1]))
 
     def forget(self, url: str, key: str) -> None:
-        with self._mutex:
-            self._docs.pop((url, key), None)
+        self._docs.forget(url, key)
 
 
 _SEEN = _SeenDocs()

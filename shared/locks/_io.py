@@ -8,12 +8,15 @@ import logging
 import os
 import secrets
 import socket
+import sys
 import threading
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Final, TypeVar
 
+import msgspec
+
 from .._errors import NotFound, OutcomeUnknown, PreconditionFailed, TransientError
+from .._recent import Recent
 from ..storage import ObjectStore
 from ._state import LockRecord, Observed, decode_record, lock_key
 
@@ -86,31 +89,31 @@ class SeenLocks:
     at the end of its previous holding) claims it on that version at once,
     without reading it first; a lock never seen is claimed with
     create-if-absent. A wrong guess costs one refused write, then the usual
-    read. Bounded: the oldest entries are forgotten first.
+    read. Bounded: the oldest entries are forgotten first; the owner names,
+    the same few for thousands of records, are kept once (interned).
     """
 
     def __init__(self, limit: int = 4096) -> None:
-        self._limit = limit
-        self._mutex = threading.Lock()  # contenders may run on several threads' loops
-        self._seen: OrderedDict[tuple[str, str], Observed] = OrderedDict()
+        self._seen: Recent[Observed] = Recent(limit)
+
+    def __len__(self) -> int:
+        return len(self._seen)
 
     def get(self, store: ObjectStore, key: str) -> Observed | None:
         """Return what was last seen of ``key`` in ``store``, or None."""
-        with self._mutex:
-            return self._seen.get((store.url, key))
+        return self._seen.get(store.url, key)
 
     def put(self, store: ObjectStore, key: str, observed: Observed) -> None:
         """Remember ``observed`` as the latest state of ``key``."""
-        with self._mutex:
-            self._seen[(store.url, key)] = observed
-            self._seen.move_to_end((store.url, key))
-            while len(self._seen) > self._limit:
-                self._seen.popitem(last=False)
+        record = observed.record
+        owner = sys.intern(record.owner)
+        if owner is not record.owner:
+            observed = Observed(record=msgspec.structs.replace(record, owner=owner), version=observed.version)
+        self._seen.put(store.url, key, observed)
 
     def forget(self, store: ObjectStore, key: str) -> None:
         """Forget ``key`` (its state is unknown)."""
-        with self._mutex:
-            self._seen.pop((store.url, key), None)
+        self._seen.forget(store.url, key)
 
 
 SEEN = SeenLocks()

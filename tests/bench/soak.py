@@ -439,8 +439,9 @@ def main() -> None:
         type=Path,
         default=None,
         metavar="DIR",
-        help="run the workers under tracemalloc, a snapshot into DIR every --tracemalloc-every s"
-        " (tests/bench/_traced.py; diff with tests/bench/heapdiff.py); RSS figures then include its cost",
+        help="watch the workers' heap: object counts (with CF_TRACEMALLOC_FRAMES > 0 also tracemalloc"
+        " snapshots) into DIR every --tracemalloc-every s (tests/bench/_traced.py; diff with"
+        " tests/bench/heapdiff.py); the RSS figures then include the watcher's cost",
     )
     p.add_argument("--tracemalloc-every", type=float, default=120.0)
     sys.exit(asyncio.run(soak(p.parse_args())))
