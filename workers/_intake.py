@@ -13,6 +13,7 @@ import time
 
 from shared import ConfigError, LockLost, TransientError
 from shared._logging import kv
+from shared._recent import GUESS_LIMIT
 from shared.events import (
     InvalidMessage,
     MessageRejected,
@@ -40,7 +41,7 @@ _NOT_ABOUT_THE_ENTRY = (LockLost, TransientError, ConfigError)
 
 # A SHA-256 per event was a measurable part of intake; a fleet sees few
 # dataset names again and again. Bounded like the validation memo.
-_route = functools.lru_cache(maxsize=4096)(shard_of)
+_route = functools.lru_cache(maxsize=GUESS_LIMIT)(shard_of)
 
 
 def _describe(exc: BaseException) -> str:

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 import msgspec
 
 from .._errors import BadInput, NotFound, PreconditionFailed, TransientError
-from .._recent import Recent
+from .._recent import GUESS_LIMIT, Recent
 from ..events import watermarks_key
 from ..storage import ObjectStore
 from ._errors import CommitStepFailed
@@ -66,7 +66,7 @@ class _SeenDocs:
     as a tuple of pairs with the watermark names interned, not a dict each.
     """
 
-    def __init__(self, limit: int = 4096) -> None:
+    def __init__(self, limit: int = GUESS_LIMIT) -> None:
         self._docs: Recent[tuple[tuple[tuple[str, int], ...], str]] = Recent(limit)
 
     def get(self, url: str, key: str) -> tuple[dict[str, int], str] | None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Final, Self
 
 from .._errors import ConfigError
+from .._recent import GUESS_LIMIT
 from .._settings import SecuritySettings
 from ._invalid import InvalidMessage, shown
 from ._layout import (
@@ -38,7 +39,7 @@ from ._signing import SignatureCheck
 # dataset). Sized for the open work, not the history: a tracemalloc diff across
 # a soak run showed this memo as the one structure that grew with every dataset
 # a worker ever handled (about 100 B each, up to the cap).
-_MEMO_SIZE: Final = 4096
+_MEMO_SIZE: Final = GUESS_LIMIT
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ from typing import Final, TypeVar
 import msgspec
 
 from .._errors import NotFound, OutcomeUnknown, PreconditionFailed, TransientError
-from .._recent import Recent
+from .._recent import GUESS_LIMIT, Recent
 from ..storage import ObjectStore
 from ._state import LockRecord, Observed, decode_record, lock_key
 
@@ -93,7 +93,7 @@ class SeenLocks:
     the same few for thousands of records, are kept once (interned).
     """
 
-    def __init__(self, limit: int = 4096) -> None:
+    def __init__(self, limit: int = GUESS_LIMIT) -> None:
         self._seen: Recent[Observed] = Recent(limit)
 
     def __len__(self) -> int:
