@@ -5,7 +5,9 @@
 is in flight opens a new round. For one commit run alone, that is the number
 of sequential round trips on its critical path: requests sent together (the
 parallel copies) overlap and share one round, each request that waits for
-the previous one's answer opens another.
+the previous one's answer opens another. ``widths`` holds, for each round,
+the most requests it had in flight at once (a parallel round waits for the
+slowest of them).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ class CountingStore(StoreLifecycle):
         self._inner = inner
         self.requests: Counter[str] = Counter()
         self.rounds = 0
+        self.widths: list[int] = []
         self._in_flight = 0
 
     @property
@@ -41,12 +44,15 @@ class CountingStore(StoreLifecycle):
         """Forget what was counted."""
         self.requests.clear()
         self.rounds = 0
+        self.widths.clear()
 
     def _start(self, kind: str) -> None:
         self.requests[kind] += 1
         if self._in_flight == 0:
             self.rounds += 1
+            self.widths.append(0)
         self._in_flight += 1
+        self.widths[-1] = max(self.widths[-1], self._in_flight)
 
     async def _count(self, kind: str, call: Awaitable[T]) -> T:
         self._start(kind)

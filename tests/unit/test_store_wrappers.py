@@ -59,6 +59,21 @@ async def test_counting_store_counts_requests_and_sequential_rounds(tmp_path: Pa
         assert store.requests == {"write": 1, "copy": 5, "delete": 5, "list": 2}
         assert store.total == 13
         assert store.rounds == 4
+        assert store.widths == [1, 5, 5, 1]  # the parallel copies and deletes: 5 in flight at once
         store.reset()
         assert store.total == 0
         assert store.rounds == 0
+        assert store.widths == []
+
+
+def test_model_p50_of_rounds_is_the_floor_a_latency_ratio_is_read_against() -> None:
+    from coordinator._bench_fleet import model_p50
+    from shared.storage._latency import LatencyModel
+
+    constant = LatencyModel(0.02, 0.02, seed=1)
+    assert model_p50(constant, [1, 4, 4, 1], draws=101) == pytest.approx(4 * 0.02)
+    tail = LatencyModel(0.02, 0.1, seed=1)
+    singles = model_p50(tail, [1] * 9, draws=4001)
+    with_parallel = model_p50(tail, [1] * 7 + [4, 4], draws=4001)
+    # A lognormal's mean is above its median, and a parallel round waits for its slowest request.
+    assert 1.1 * 9 * 0.02 < singles < with_parallel
