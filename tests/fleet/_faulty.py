@@ -5,10 +5,12 @@ any hook in the product: this launcher patches one method and then runs the
 ``commitfleet`` CLI as usual. ``CF_TEST_FAULT`` (read by this launcher only;
 the product has no fault hook):
 
-- ``raise``: the runner of the lowest shard this worker owns raises
-  ``RuntimeError("planted fault")`` in its first tick.
-- ``raise-and-hang``: the same, and the runner of every other shard hangs in
-  its tick, swallowing every cancellation (a task that will not die).
+- ``raise``: the first shard runner of this worker to tick raises
+  ``RuntimeError("planted fault in shard <n>")``; the others' ticks do nothing.
+- ``raise-and-hang``: the runner of every other shard hangs in its tick,
+  swallowing every cancellation (a task that will not die), and the first one
+  raises as soon as another one hangs (so one always does when the process
+  ends; the worker must own two shards or more).
 - ``coordinator-step``: the leading coordinator's rebalance step raises
   ``RuntimeError("planted fault in the leader")``.
 
@@ -24,16 +26,22 @@ from coordinator._coordinator import Coordinator
 from workers._shard import ShardRunner
 
 FAULT = os.environ.get("CF_TEST_FAULT", "")
-_started: set[int] = set()
+_crasher: list[int] = []  # the shard whose runner raises: the first to tick
+_hanging = asyncio.Event()  # set once a runner hangs in its tick
 
 
 async def _planted_tick(self: ShardRunner) -> None:
-    _started.add(self.shard)
-    # Give every owned shard's runner a moment to start, so "other shards" exist.
-    await asyncio.sleep(0.5)
-    if self.shard == min(_started):
+    if not _crasher:
+        _crasher.append(self.shard)
+    if self.shard == _crasher[0]:
+        if FAULT == "raise-and-hang":
+            # Raise only once another runner is stuck: a fixed pause here (0.5 s, as this was) let
+            # the fault land while the others were still in it, and they all ended cleanly whenever
+            # the lowest shard was the first to tick (the test failed 3 runs of 6).
+            await _hanging.wait()
         raise RuntimeError(f"planted fault in shard {self.shard}")
     if FAULT == "raise-and-hang":
+        _hanging.set()
         while True:
             try:
                 await asyncio.sleep(3600)
