@@ -54,9 +54,11 @@ class Recent(Generic[V]):
             table = self._by_url.get(url)
             if table is None:
                 table = self._by_url[url] = {}
-            if table.pop(key, None) is None:
+            if key in table:
+                del table[key]  # re-inserted below: now the most recent
+            else:
                 self._size += 1
-            table[key] = value  # re-inserted: now the most recent
+            table[key] = value
             while self._size > self._limit:
                 self._evict_one()
 
@@ -64,7 +66,8 @@ class Recent(Generic[V]):
         """Forget ``key`` (its state is unknown)."""
         with self._mutex:
             table = self._by_url.get(url)
-            if table is not None and table.pop(key, None) is not None:
+            if table is not None and key in table:
+                del table[key]
                 self._size -= 1
                 if not table:
                     del self._by_url[url]

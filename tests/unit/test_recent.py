@@ -47,6 +47,16 @@ def test_same_key_in_two_stores_is_two_entries() -> None:
     assert (r.get("u1", "k"), r.get("u2", "k"), len(r)) == (1, 2, 2)
 
 
+def test_a_stored_none_is_counted_like_any_value() -> None:
+    r: Recent[int | None] = Recent(2)
+    r.put("u", "a", None)
+    r.put("u", "a", None)
+    r.put("u", "b", 1)
+    assert len(r) == 2
+    r.forget("u", "a")
+    assert len(r) == 1
+
+
 def test_limit_must_be_positive() -> None:
     with pytest.raises(ValueError):
         Recent(0)
