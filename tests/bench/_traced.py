@@ -29,18 +29,13 @@ import time
 import tracemalloc
 from pathlib import Path
 
-
-def _rss_kb() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
+from tests.bench.soak import rss_mb
 
 
 def _counts() -> dict[str, object]:
     by_type = collections.Counter(type(o).__qualname__ for o in gc.get_objects())
     return {
-        "rss_kb": _rss_kb(),
+        "rss_mb": rss_mb(os.getpid()),
         "blocks": sys.getallocatedblocks(),
         "objects": dict(by_type.most_common(400)),
     }

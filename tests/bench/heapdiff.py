@@ -20,7 +20,7 @@ def counts_diff(old_path: str, new_path: str, top: int) -> None:
     """Print the RSS, allocated blocks and per-type object counts of two ``.counts`` files, and what grew."""
     old = json.loads(Path(old_path).read_text())
     new = json.loads(Path(new_path).read_text())
-    print(f"rss: {old['rss_kb'] / 1024:.1f} MB -> {new['rss_kb'] / 1024:.1f} MB")
+    print(f"rss: {old['rss_mb']:.1f} MB -> {new['rss_mb']:.1f} MB")
     print(f"python blocks: {old['blocks']} -> {new['blocks']} ({new['blocks'] - old['blocks']:+d})")
     diff = {t: n - old["objects"].get(t, 0) for t, n in new["objects"].items()}
     for t, d in sorted(diff.items(), key=lambda kv: -abs(kv[1]))[:top]:
