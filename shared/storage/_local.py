@@ -59,7 +59,6 @@ thread finishes its (atomic) operation.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import fcntl
@@ -70,10 +69,9 @@ import stat
 import time
 import zlib
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from .._errors import (
     BadInput,
@@ -84,6 +82,7 @@ from .._errors import (
     TransientError,
 )
 from ._local_fs import NEW_FILE_FLAGS, READ_FLAGS, checked_file, lstat_entry, os_error
+from ._local_pool import ThreadPool
 from ._local_scan import info_of as _info
 from ._local_scan import scan
 from ._local_scan import version_of as _version
@@ -122,7 +121,7 @@ class LocalStore(StoreLifecycle):
         self._tree = Tree(root, durable=durable)
         # Our own pool: the event loop's default one has only cpu+4 threads,
         # too few when many commits write at once.
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: ThreadPool | None = None
         try:
             root.mkdir(parents=True, exist_ok=True)  # the configured root may itself lie behind links
             with self._tree.held() as root_fd:
@@ -314,19 +313,10 @@ class LocalStore(StoreLifecycle):
             raise os_error(exc, getattr(fn, "__name__", "local store").lstrip("_")) from exc
 
     async def _run(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
+        # A cancelled caller waits for its thread (see _local_pool), then goes on.
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="cf-local-store")
-        loop = asyncio.get_running_loop()
-        fut = loop.run_in_executor(self._pool, partial(self._call, fn, *args, **kwargs))
-        try:
-            return await asyncio.shield(fut)
-        except asyncio.CancelledError:
-            # A thread cannot be stopped: a write left running after its caller was
-            # cancelled (a holder whose lease ran out, a crashed commit) could land
-            # after the next holder read what it replaces. File operations are
-            # short, so the cancel waits for the thread, then goes on.
-            await _settle(fut)
-            raise
+            self._pool = ThreadPool(32, "cf-local-store")  # again after close(): a closed store reopens
+        return await self._pool.run(partial(self._call, fn, *args, **kwargs))
 
     # -- the port -----------------------------------------------------------------
 
@@ -367,8 +357,7 @@ class LocalStore(StoreLifecycle):
     async def close(self) -> None:
         pool, self._pool = self._pool, None
         if pool is not None:
-            # Running operations finish (each is atomic); nothing new starts.
-            pool.shutdown(wait=False)
+            pool.close()  # running operations finish (each is atomic); their threads end then
         self._tree.close()  # at once, or when the last running operation ends
 
 
@@ -404,16 +393,3 @@ def _bytes_filler(data: bytes) -> _Filler:
 def md5_hex(data: bytes) -> str:
     """Hex MD5 of ``data`` (used to compare against store checksums)."""
     return hashlib.md5(data, usedforsecurity=False).hexdigest()
-
-
-async def _settle(fut: asyncio.Future[Any]) -> None:
-    """Wait until ``fut`` is done, through any further cancels (the caller re-raises the first).
-
-    Returns None; the future's own outcome is retrieved and dropped (its
-    caller was cancelled and will never see it).
-    """
-    while not fut.done():
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait({fut})
-    if not fut.cancelled():
-        fut.exception()

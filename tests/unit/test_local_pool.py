@@ -1,0 +1,105 @@
+"""The local store's thread pool: answers, failures, a cancelled caller waiting for its thread, close."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import threading
+from typing import Any
+
+import pytest
+
+from shared.storage._local_pool import ThreadPool
+
+
+async def test_returns_the_answer_and_raises_the_failure() -> None:
+    pool = ThreadPool(2, "t")
+    try:
+        assert await pool.run(lambda: threading.current_thread().name) != threading.current_thread().name
+        with pytest.raises(ZeroDivisionError):
+            await pool.run(lambda: 1 // 0)
+    finally:
+        pool.close()
+
+
+async def test_a_cancelled_caller_waits_for_its_call_then_is_cancelled() -> None:
+    pool = ThreadPool(2, "t")
+    started, release = threading.Event(), threading.Event()
+    ended: list[str] = []
+
+    def call() -> str:
+        started.set()
+        release.wait(10)
+        ended.append("landed")
+        return "late"
+
+    try:
+        task = asyncio.create_task(pool.run(call))
+        await asyncio.to_thread(started.wait, 10)
+        task.cancel()
+        task.cancel()  # a second cancel changes nothing
+        # The call is still running: the caller must not have moved on.
+        done, _ = await asyncio.wait({task}, timeout=0.2)
+        assert not done and not ended
+        release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert ended == ["landed"]  # the cancel went on only after the call had ended
+    finally:
+        release.set()
+        pool.close()
+
+
+async def test_a_cancelled_callers_failure_is_not_reported_as_never_retrieved() -> None:
+    pool = ThreadPool(1, "t")
+    seen: list[dict[str, Any]] = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _loop, ctx: seen.append(ctx))
+    started, release = threading.Event(), threading.Event()
+
+    def call() -> None:
+        started.set()
+        release.wait(10)
+        raise OSError("failed after its caller left")
+
+    try:
+        task = asyncio.create_task(pool.run(call))
+        await asyncio.to_thread(started.wait, 10)
+        task.cancel()
+        release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        del task
+        gc.collect()
+        await asyncio.sleep(0)
+        assert seen == []
+    finally:
+        release.set()
+        loop.set_exception_handler(None)
+        pool.close()
+
+
+async def test_runs_up_to_size_calls_at_once_and_no_more_threads() -> None:
+    pool = ThreadPool(3, "t")
+    barrier = threading.Barrier(3, timeout=10)
+    try:
+        # Three calls that only return once all three run at the same time.
+        await asyncio.gather(*(pool.run(barrier.wait) for _ in range(3)))
+        for _ in range(20):
+            await pool.run(lambda: None)
+        assert len(pool._threads) == 3
+    finally:
+        pool.close()
+
+
+async def test_close_ends_the_threads_and_refuses_new_calls() -> None:
+    pool = ThreadPool(2, "t")
+    await asyncio.gather(pool.run(lambda: None), pool.run(lambda: None))
+    threads = list(pool._threads)
+    pool.close()
+    pool.close()  # safe twice
+    for t in threads:
+        await asyncio.to_thread(t.join, 10)
+        assert not t.is_alive()
+    with pytest.raises(RuntimeError, match="closed"):
+        await pool.run(lambda: None)
