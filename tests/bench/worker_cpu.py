@@ -111,6 +111,8 @@ async def run(args: argparse.Namespace) -> float:
                 stderr=subprocess.DEVNULL,
             )
             await asyncio.sleep(1)
+        if args.commands:
+            await r.config_resetstat()
         before = [cpu_seconds(p.pid) for p in workers]
         t0 = time.monotonic()
         pub = AsyncPublisher(r, fleet, args.shards)
@@ -120,6 +122,13 @@ async def run(args: argparse.Namespace) -> float:
             await asyncio.sleep(0.1)
         elapsed = time.monotonic() - t0
         used = sum(cpu_seconds(p.pid) for p in workers) - sum(before)
+        if args.commands:
+            stats = await r.info("commandstats")
+            calls = sorted(((v["calls"], k.removeprefix("cmdstat_")) for k, v in stats.items()), reverse=True)
+            total = sum(c for c, _ in calls)
+            print(f"Redis commands per dataset (publisher and polling included): {total / args.datasets:.1f}")
+            for c, name in calls:
+                print(f"  {name:<24} {c / args.datasets:7.2f}")
     finally:
         if perf is not None:
             perf.send_signal(signal.SIGINT)  # perf writes its file on SIGINT
@@ -151,6 +160,7 @@ def main() -> None:
     p.add_argument("--per-job", type=int, default=100)
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--shards", type=int, default=16)
+    p.add_argument("--commands", action="store_true", help="print the Redis commands per dataset")
     p.add_argument("--py-spy", default="", help="sample the first worker with py-spy into this file")
     p.add_argument("--perf", default="", help="sample every worker with perf record -g into this file")
     asyncio.run(run(p.parse_args()))
