@@ -248,8 +248,10 @@ class ShardRunner(SchedulingMixin, IntakeMixin, ActionsMixin, OperatorRequestsMi
         """Abort the jobs whose driver went silent for their timeout (or that ran too long).
 
         One MGET of the liveness keys of every open job of the shard per
-        tick; one ``job_timed_out`` per job (its datasets here, the timeout
-        that applied), then one abort per dataset.
+        tick; one ``job_timed_out`` per job and shard (this shard, the job's
+        datasets here, the timeout that applied: the owner of each of the
+        job's shards decides from its own shard's key, so a job on several
+        shards gets one from each), then one abort per dataset.
         """
         jobs = live_jobs(self.state)
         alive: set[str] = set()
@@ -278,6 +280,7 @@ class ShardRunner(SchedulingMixin, IntakeMixin, ActionsMixin, OperatorRequestsMi
                     job=out.job,
                     datasets=list(out.datasets),
                     timeout_s=out.timeout_s,
+                    shard=self.shard,
                 )
             )
             for abort in out.aborts():
