@@ -7,8 +7,9 @@ The names are imported when first used (PEP 562), so that ``commitfleet status``
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from shared._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from ._coordinator import Coordinator, run_coordinator
@@ -16,17 +17,7 @@ if TYPE_CHECKING:
 
 _WHERE = {"Coordinator": "._coordinator", "run_coordinator": "._coordinator", "fleet_status": "._status"}
 
-
-def __getattr__(name: str) -> Any:
-    """Return the public name ``name``, importing its module on first use.
-
-    Raises:
-        AttributeError: no such public name.
-    """
-    where = _WHERE.get(name)
-    if where is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(where, __name__), name)
+__getattr__ = lazy_exports(__name__, _WHERE)
 
 
 __all__ = ["Coordinator", "fleet_status", "run_coordinator"]

@@ -9,8 +9,9 @@ import redis.exceptions
 
 _REDIS_PY = os.path.dirname(os.path.abspath(redis.__file__)) + os.sep
 
-# What a best-effort Redis call catches; check each with is_redis_failure.
-CAUGHT = (redis.exceptions.RedisError, OSError, AttributeError)
+# What a best-effort Redis call catches; check each with is_redis_failure (AttributeError and
+# LookupError are Redis failures only when raised inside redis-py; ours are bugs and must propagate).
+CAUGHT = (redis.exceptions.RedisError, OSError, AttributeError, LookupError)
 
 
 def raised_in_redis_py(exc: BaseException) -> bool:
@@ -19,6 +20,8 @@ def raised_in_redis_py(exc: BaseException) -> bool:
     redis-py can trip over a connection closed under it (seen on a cluster
     failover: ``'NoneType' object has no attribute 'writelines'`` from a send
     on a connection another task had just dropped): a lost connection, not our bug.
+    Its cluster client can likewise look a slot up in a slot map that is empty
+    or being rebuilt (KeyError, IndexError).
     """
     tb = exc.__traceback__
     if tb is None:
@@ -29,8 +32,12 @@ def raised_in_redis_py(exc: BaseException) -> bool:
 
 
 def is_redis_failure(exc: BaseException) -> bool:
-    """Return True for a Redis error, an OS (socket) error, or an AttributeError raised inside redis-py."""
-    if isinstance(exc, AttributeError):
+    """Return True for a Redis error, an OS (socket) error, or an AttributeError or LookupError
+    (KeyError, IndexError) raised inside redis-py; False for anything else (raised by our code: a bug).
+
+    Meant for an exception caught as :data:`CAUGHT`: a caller re-raises when this returns False.
+    """
+    if isinstance(exc, AttributeError | LookupError):
         return raised_in_redis_py(exc)
     return isinstance(exc, redis.exceptions.RedisError | OSError)
 

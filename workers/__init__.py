@@ -7,8 +7,9 @@ core, the storage adapters, the lock service).
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from shared._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from ._inflight import read_in_flight
@@ -23,17 +24,7 @@ _WHERE = {
     "run_worker": "._worker",
 }
 
-
-def __getattr__(name: str) -> Any:
-    """Return the public name ``name``, importing its module on first use.
-
-    Raises:
-        AttributeError: no such public name.
-    """
-    where = _WHERE.get(name)
-    if where is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(where, __name__), name)
+__getattr__ = lazy_exports(__name__, _WHERE)
 
 
 __all__ = ["STATE_VERSION", "JobMeta", "Worker", "read_in_flight", "run_worker"]

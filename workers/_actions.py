@@ -1,8 +1,10 @@
-"""What a shard's owner does for one dataset: commit, abort, recover, operator requests.
+"""What a shard's owner does for one dataset: commit, abort, recover, clean up a late attempt.
 
 Each body runs under the dataset's storage lock; statuses are recorded
 durably through the runner's state store. Mixed into
-:class:`workers._shard.ShardRunner`.
+:class:`workers._shard.ShardRunner`. An operator's ``retry`` / ``skip``
+(:class:`~workers._operator_requests.Operate`) is dispatched from here to
+:mod:`workers._operator_requests`.
 """
 
 from __future__ import annotations
@@ -11,19 +13,14 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Literal
+from typing import TYPE_CHECKING
 
 import msgspec
 
-from shared import (
-    BadInput,
-    NotFound,
-)
 from shared._logging import kv
 from shared.commit import (
     CommitRequest,
     CommitResult,
-    CommitStepFailed,
     CommitToTable,
     WinningAttempt,
     abort_dataset,
@@ -32,23 +29,18 @@ from shared.commit import (
     read_manifest,
     recover_dataset,
     resolve_binding,
-    retry_quarantined,
-    skip_quarantined,
     table_step,
 )
 from shared.events import (
     CommitStarted,
-    InvalidMessage,
     LockTakenOver,
-    OperatorAction,
     Quarantined,
     RecoveryDone,
     lock_name,
     manifest_key,
-    verify_operator_request,
 )
 from shared.locks import HeldLease, StorageLock
-from shared.queue import DatasetResult, redis_errors
+from shared.queue import DatasetResult
 
 from ._announce import announce_aborted, announce_committed, announce_from_manifest
 from ._context import WorkerContext
@@ -61,6 +53,7 @@ from ._jobstate import (
     ShardJobs,
     Status,
 )
+from ._operator_requests import Operate
 from ._state_store import Batch, ShardStateStore, attempt_fields
 
 log = logging.getLogger("workers.shard")
@@ -80,14 +73,6 @@ class Recover(msgspec.Struct, frozen=True, kw_only=True):
     """Finish an unfinished commit sequence found in ``_wal/`` (no job state needed)."""
 
     dataset: str
-
-
-class Operate(msgspec.Struct, frozen=True, kw_only=True):
-    """An operator's ``retry`` or ``skip`` of a quarantined sequence (``op`` as requested)."""
-
-    dataset: str
-    job: str
-    op: str
 
 
 Work = Action | Recover | Operate
@@ -113,6 +98,11 @@ class ActionsMixin:
 
     async def _save(self, batch: Batch) -> None:
         raise NotImplementedError
+
+    if TYPE_CHECKING:
+        # Provided by OperatorRequestsMixin (declared for type checking only: a placeholder
+        # here would hide it, as ShardRunner lists this mixin before that one).
+        async def _operate(self, work: Operate) -> None: ...
 
     async def _locked(self, dataset: str, body: Callable[[HeldLease], Awaitable[None]]) -> None:
         ctx = self.ctx
@@ -326,90 +316,6 @@ class ActionsMixin:
 
         await self._locked(work.dataset, body)
 
-    async def _operate(self, work: Operate) -> None:
-        ctx = self.ctx
-        key = ctx.keys.shard_state(self.shard, "operator")
-        try:
-            op = verify_operator_request(work.op, ctx.limits.signing, dataset=work.dataset, job=work.job)
-        except InvalidMessage as exc:
-            # A forged, replayed or unsigned request: refuse it (once) and drop it.
-            log.warning(
-                "operator request refused",
-                extra=kv(dataset=work.dataset, job=work.job, reason=exc.reason, detail=exc.detail),
-            )
-            await ctx.emit(
-                OperatorAction(
-                    at=time.time(),
-                    worker=ctx.worker_id,
-                    dataset=work.dataset,
-                    job=work.job,
-                    action="skip" if work.op.startswith("skip") else "retry",
-                    outcome="refused",
-                    detail=f"{exc.reason}: {exc.detail}",
-                )
-            )
-            with redis_errors("HDEL operator request"):
-                await ctx.redis.hdel(key, f"{work.dataset}/{work.job}")
-            return
-        work = msgspec.structs.replace(work, op=op)
-
-        async def body(lease: HeldLease) -> None:
-            action: Literal["retry", "skip"]
-            if work.op == "retry":
-                action = "retry"
-                result = await retry_quarantined(ctx.store, work.dataset, work.job, lease, ctx.settings)
-                await self._after_commit(result, lease.epoch)
-                if result.status != "quarantined":
-                    await note_quarantine(ctx, self.shard, work.dataset, work.job, None)
-            else:
-                action = "skip"
-                skipped = await skip_quarantined(ctx.store, work.dataset, work.job, lease, ctx.settings)
-                if skipped.outcome == "forgotten":
-                    # The manifest was there: the commit is complete, only its log was dropped.
-                    await announce_from_manifest(self.ctx, work.dataset, work.job, lease.epoch)
-                    await self._set_status(work.job, work.dataset, "committed")
-                else:
-                    deleted = skipped.published_deleted + skipped.staged_deleted
-                    await announce_aborted(self.ctx, work.dataset, work.job, "skipped by operator", deleted)
-                    await self._set_status(work.job, work.dataset, "aborted", "skipped by operator")
-                await note_quarantine(ctx, self.shard, work.dataset, work.job, None)
-            await ctx.emit(
-                OperatorAction(
-                    at=time.time(), worker=ctx.worker_id, dataset=work.dataset, job=work.job, action=action
-                )
-            )
-
-        if work.op in ("retry", "skip"):
-            try:
-                await self._locked(work.dataset, body)
-            except (BadInput, NotFound, CommitStepFailed) as exc:
-                # The request cannot apply (and never will): say so once, drop it.
-                log.warning(
-                    "operator request refused",
-                    extra=kv(op=work.op, dataset=work.dataset, job=work.job, reason=str(exc)),
-                )
-                await ctx.emit(
-                    OperatorAction(
-                        at=time.time(),
-                        worker=ctx.worker_id,
-                        dataset=work.dataset,
-                        job=work.job,
-                        action="retry" if work.op == "retry" else "skip",
-                        outcome="refused",
-                        detail=str(exc)[:500],
-                    )
-                )
-        else:
-            log.error("unknown operator request", extra=kv(op=work.op, dataset=work.dataset))
-        with redis_errors("HDEL operator request"):
-            await ctx.redis.hdel(key, f"{work.dataset}/{work.job}")
-        # A dataset blocked behind the quarantined sequence can go on now (in
-        # this task: it already holds an in-flight slot and the dataset's turn).
-        for meta in list(self.state.jobs.values()):
-            ds = meta.datasets.get(work.dataset)
-            if ds is not None and ds.status == "blocked":
-                await self._commit(Commit(job=meta.job, dataset=work.dataset))
-
     async def _set_status(self, job: str, dataset: str, status: Status, reason: str = "") -> None:
         """Record a dataset's new status durably; end the job when all its datasets are done."""
         meta = self.state.set_status(job, dataset, status, reason)
@@ -444,4 +350,4 @@ class ActionsMixin:
         return None
 
 
-__all__ = ["ActionsMixin", "Operate", "Recover", "Work", "work_key"]
+__all__ = ["ActionsMixin", "Recover", "Work", "work_key"]

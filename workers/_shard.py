@@ -24,6 +24,11 @@ A :class:`ShardRunner` runs while the worker owns the shard. Its life:
 
 A transient Redis error restarts the session (state reloaded, pending
 re-read); losing the owner token (:class:`~shared.Fenced`) ends the runner.
+
+The runner's parts live in mixins: intake (:mod:`._intake`), running work as
+tasks (:mod:`._scheduling`), the work on one dataset (:mod:`._actions`) and
+operator requests (:mod:`._operator_requests`); this module holds its life
+(sessions, drain) and its tick.
 """
 
 from __future__ import annotations
@@ -32,17 +37,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Any
 
 from shared import (
     CommitfleetError,
     Fenced,
-    LockLost,
-    LockTimeout,
-    OutcomeUnknown,
     TransientError,
 )
-from shared._aio import cancel_until_done, raise_if_cancelling
+from shared._aio import cancel_until_done
 from shared._logging import kv
 from shared.commit import (
     list_unfinished,
@@ -51,14 +52,14 @@ from shared.events import (
     JobTimedOut,
 )
 from shared.fleet import ReportingTaskGroup
-from shared.queue import Entry, ShardConsumer, as_text, redis_errors, shard_of
+from shared.queue import Entry, ShardConsumer, redis_errors, shard_of
 
-from ._actions import ActionsMixin, Operate, Recover, Work, work_key
+from ._actions import ActionsMixin, Recover
 from ._aside import load_or_set_aside
 from ._context import WorkerContext
 from ._ds_locks import DatasetLocks
 from ._housekeeping import record_quarantined, trim_shard
-from ._inflight import InFlight, InFlightBoard, WorkState, work_label
+from ._inflight import work_label
 from ._intake import IntakeMixin
 from ._jobstate import (
     Abort,
@@ -66,6 +67,8 @@ from ._jobstate import (
     ShardJobs,
 )
 from ._liveness import assume_alive, live_jobs, observe, timed_out
+from ._operator_requests import OperatorRequestsMixin
+from ._scheduling import SchedulingMixin
 from ._state_store import Batch, ShardStateStore
 
 log = logging.getLogger("workers.shard")
@@ -74,8 +77,14 @@ log = logging.getLogger("workers.shard")
 TICK_S = 1.0
 
 
-class ShardRunner(IntakeMixin, ActionsMixin):
-    """Runs one shard for as long as the worker owns it (see the module doc)."""
+class ShardRunner(SchedulingMixin, IntakeMixin, ActionsMixin, OperatorRequestsMixin):
+    """Runs one shard for as long as the worker owns it (see the module doc).
+
+    The order of the bases matters: a mixin's ``raise NotImplementedError``
+    placeholder must come after the mixin that provides the method
+    (SchedulingMixin's ``_schedule`` before IntakeMixin's placeholder,
+    IntakeMixin's ``_save`` before ActionsMixin's).
+    """
 
     def __init__(self, ctx: WorkerContext, shard: int) -> None:
         self.ctx = ctx
@@ -239,8 +248,10 @@ class ShardRunner(IntakeMixin, ActionsMixin):
         """Abort the jobs whose driver went silent for their timeout (or that ran too long).
 
         One MGET of the liveness keys of every open job of the shard per
-        tick; one ``job_timed_out`` per job (its datasets here, the timeout
-        that applied), then one abort per dataset.
+        tick; one ``job_timed_out`` per job and shard (this shard, the job's
+        datasets here, the timeout that applied: the owner of each of the
+        job's shards decides from its own shard's key, so a job on several
+        shards gets one from each), then one abort per dataset.
         """
         jobs = live_jobs(self.state)
         alive: set[str] = set()
@@ -269,20 +280,11 @@ class ShardRunner(IntakeMixin, ActionsMixin):
                     job=out.job,
                     datasets=list(out.datasets),
                     timeout_s=out.timeout_s,
+                    shard=self.shard,
                 )
             )
             for abort in out.aborts():
                 await self._schedule(abort)
-
-    async def _operator_requests(self) -> list[Operate]:
-        key = self.ctx.keys.shard_state(self.shard, "operator")
-        with redis_errors("read operator requests"):
-            raw = await self.ctx.redis.hgetall(key)
-        out: list[Operate] = []
-        for field, op in raw.items():
-            dataset, _, job = as_text(field).partition("/")
-            out.append(Operate(dataset=dataset, job=job, op=as_text(op)))
-        return out
 
     async def _resume_work(self) -> None:
         """Re-schedule what was under way when the shard last changed hands.
@@ -319,127 +321,6 @@ class ShardRunner(IntakeMixin, ActionsMixin):
                 continue
             seen.add(seq.dataset)
             await self._schedule(Recover(dataset=seq.dataset))
-
-    # -- actions --------------------------------------------------------------------------
-
-    async def _schedule(self, work: Work) -> None:
-        key = work_key(work)
-        if key in self._running:
-            return
-        since = time.time()
-        if self.ctx.inflight.locked():
-            # Every worker-wide slot is taken: show that this work waits for one.
-            await self._board().put(work_label(key), self._flight(work, key, since, "queued"))
-        await self.ctx.inflight.acquire()
-        try:
-            task = self._tg.create_task(self._run_work(work, key, since))
-        except RuntimeError:
-            # The session's task group is ending (a sibling failed, or the shard stops)
-            # between our last await and here: give the slot back and end with it.
-            self.ctx.inflight.release()
-            raise_if_cancelling()
-            raise
-        self._running.add(key)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    def _board(self) -> InFlightBoard:
-        return InFlightBoard(self.ctx.redis, self.ctx.keys, self.shard)
-
-    def _flight(
-        self, work: Work, key: tuple[object, ...], since: float, state: WorkState, **kw: Any
-    ) -> InFlight:
-        return InFlight(
-            work=str(key[0]).lower(),
-            dataset=work.dataset,
-            job=getattr(work, "job", ""),
-            worker=self.ctx.worker_id,
-            state=state,
-            since=since,
-            state_since=time.time(),
-            **kw,
-        )
-
-    async def _run_work(self, work: Work, key: tuple[object, ...], since: float) -> None:
-        """Run ``work`` (one at a time per dataset), keeping the shard's in-flight board up to date."""
-        label = work_label(key)
-        try:
-            if self._ds_locks.busy(work.dataset):
-                await self._board().put(label, self._flight(work, key, since, "queued"))
-            async with self._ds_locks.hold(work.dataset):
-                await self._retrying(work, key, since)
-            await self._board().drop(label)
-        finally:
-            self._running.discard(key)
-            self.ctx.inflight.release()
-
-    async def _retrying(self, work: Work, key: tuple[object, ...], since: float) -> None:
-        """Run ``work`` until it is done, the shard stops, or another worker owns the shard.
-
-        Every way an attempt can end early leads to another attempt (after a
-        backoff up to 30 s) unless the shard is stopping: our errors, a lost
-        lock, and also a CancelledError that nobody asked for (the task has no
-        cancellation request pending and the shard is not stopping; Python
-        3.11 can surface one after a TaskGroup inside the work lost a child):
-        such work used to end silently and leave its dataset in flight on a
-        live owner for good.
-
-        Raises:
-            Fenced: another worker owns the shard.
-            CancelledError: the runner is being cancelled (drain or shutdown).
-        """
-        delay = 0.2
-        attempts = 0
-        error = ""
-        label = work_label(key)
-        board = self._board()
-        while True:
-            attempts += 1
-            running = self._flight(work, key, since, "running", attempts=attempts, last_error=error[:500])
-            await board.put(label, running)
-            try:
-                await self._do(work)
-                return
-            except Fenced:
-                raise
-            except (TransientError, LockTimeout, LockLost, OutcomeUnknown) as exc:
-                error = f"{type(exc).__name__}: {exc}"
-                if self.stopping.is_set():
-                    log.info("leaving work to the next owner", extra=kv(work=repr(work), error=str(exc)))
-                    return
-                log.warning("work interrupted, retrying", extra=kv(work=repr(work), error=str(exc)))
-            except CommitfleetError as exc:
-                # Not expected here (the commit core quarantines what keeps
-                # failing); keep the dataset waiting, never stop the shard.
-                error = f"{type(exc).__name__}: {exc}"
-                log.exception("work failed, retrying later", extra=kv(work=repr(work), error=repr(exc)))
-                delay = max(delay, 5.0)
-            except asyncio.CancelledError:
-                task = asyncio.current_task()
-                if self.stopping.is_set() or task is None or task.cancelling() > 0:
-                    raise
-                error = "CancelledError that nobody requested"
-                log.exception(
-                    "work ended by a cancellation nobody requested; retrying", extra=kv(work=repr(work))
-                )
-            if self.stopping.is_set():
-                return
-            retry_at = time.time() + delay
-            await board.put(
-                label,
-                self._flight(
-                    work,
-                    key,
-                    since,
-                    "retrying",
-                    attempts=attempts,
-                    last_error=error[:500],
-                    next_attempt_at=retry_at,
-                ),
-            )
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stopping.wait(), delay)
-            delay = min(delay * 2, 30.0)
 
 
 __all__ = ["ShardRunner"]

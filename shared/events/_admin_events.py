@@ -118,13 +118,22 @@ class JobTimedOut(_AdminEvent, frozen=True, kw_only=True, tag="job_timed_out"):
     key seen), or the job ran longer than the fleet's ``max_job_duration`` (then ``timeout_s``
     is that limit).
 
-    One event per job and shard, naming the job's datasets on that shard that
-    were aborted; each of them also gets its ``aborted`` event.
+    One event per job and shard, by design: the owner of each shard of the job
+    decides from that shard's own liveness key, so a job on three shards that
+    times out gives three events (count distinct ``job`` values to count
+    jobs). ``shard`` is the shard whose owner decided, ``datasets`` the job's
+    datasets on that shard that were aborted; each of them also gets its
+    ``aborted`` event.
+
+    ``shard`` was added to v1 without a version bump (as ``Committed.phases``
+    was): events written before it have none (null), and a reader older than
+    it skips the event (unknown field).
     """
 
     job: str
     datasets: list[str] = []
     timeout_s: Seconds = 0.0
+    shard: Count | None = None
 
 
 class OperatorAction(_DatasetEvent, frozen=True, kw_only=True, tag="operator_action"):

@@ -28,7 +28,7 @@ import redis.asyncio
 import redis.exceptions
 
 from .._aio import TaskGroup, raise_if_cancelling
-from .._redis_py import CAUGHT, is_redis_failure, raised_in_redis_py
+from .._redis_py import CAUGHT, is_redis_failure
 from .._retry import RetryPolicy
 from ._io import run_shielded
 
@@ -186,9 +186,10 @@ class SharedReleaseNotifier:
         """Read notices and wake the waiters of their lock until cancelled; never returns.
 
         A Redis failure (or redis-py tripping over a connection closed under
-        it) is logged; the connection is closed and a new one, subscribed to
-        every channel watched by then, is opened after a capped jittered
-        backoff (``retry``), for as long as it takes. Waiters poll meanwhile.
+        it, or over a cluster slot map being rebuilt) is logged; the
+        connection is closed and a new one, subscribed to every channel
+        watched by then, is opened after a capped jittered backoff
+        (``retry``), for as long as it takes. Waiters poll meanwhile.
 
         Raises:
             CancelledError: when cancelled (the connection is closed first,
@@ -203,8 +204,8 @@ class SharedReleaseNotifier:
                 subscribed = await self._open(pubsub)
                 failures = 0
                 await self._serve(pubsub, subscribed)
-            except _RUN_CAUGHT as exc:
-                if not _run_failure(exc):
+            except CAUGHT as exc:
+                if not is_redis_failure(exc):
                     raise
                 delay = self._retry.delay(failures, rng)
                 failures += 1
@@ -253,18 +254,6 @@ class SharedReleaseNotifier:
             if msg is not None and msg.get("type") == "message":
                 for event in self._waiters.get(msg["channel"], ()):
                     event.set()
-
-
-# What run() catches; each is checked with _run_failure.
-_RUN_CAUGHT = (*CAUGHT, LookupError)
-
-
-def _run_failure(exc: BaseException) -> bool:
-    """Return True for a Redis failure, including redis-py's cluster client tripping over its slot map
-    while it is being rebuilt (a KeyError or IndexError inside redis-py); False for our bugs."""
-    if isinstance(exc, LookupError):
-        return raised_in_redis_py(exc)
-    return is_redis_failure(exc)
 
 
 def _check_connected(pubsub: redis.asyncio.client.PubSub) -> None:

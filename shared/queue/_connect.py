@@ -30,7 +30,7 @@ import redis.exceptions as rx
 import redis.retry
 
 from .._errors import ConfigError, NotFound, Throttled, TransientError
-from .._redis_py import raised_in_redis_py
+from .._redis_py import is_redis_failure
 from .._redis_url import is_cluster_url
 from .._settings import RedisSettings
 from ._cluster import connect_cluster, connect_cluster_sync
@@ -114,12 +114,15 @@ def redis_errors(what: str) -> Iterator[None]:
     - authentication / ACL failures (wrong password, NOPERM) -> ConfigError
     - connection errors, timeouts, LOADING, TRYAGAIN, CLUSTERDOWN, MOVED / ASK
       left over after redis-py's redirects, a slot not covered, a cluster not
-      reachable, READONLY (failover in progress), MISCONF -> TransientError
+      reachable, READONLY (failover in progress), MISCONF, redis-py tripping
+      over a connection closed under it or over its cluster slot map
+      (an AttributeError or LookupError raised inside redis-py) -> TransientError
     - OOM -> Throttled
     - NOGROUP, "no such key" -> NotFound
     - WRONGTYPE (a key used by something else) -> ConfigError
 
-    Other ``ResponseError``s are programming errors and propagate unchanged.
+    Other ``ResponseError``s, and an AttributeError or LookupError raised by our
+    own code, are programming errors and propagate unchanged.
     CancelledError is never touched.
     """
     try:
@@ -148,9 +151,15 @@ def redis_errors(what: str) -> Iterator[None]:
     except AttributeError as exc:
         # redis-py's own code can trip over a connection closed under it (seen on a
         # cluster failover: its writer set to None mid-send); ours propagates as a bug.
-        if not raised_in_redis_py(exc):
+        if not is_redis_failure(exc):
             raise
         raise TransientError(f"redis client lost its connection during {what}: {exc}") from exc
+    except LookupError as exc:
+        # redis-py's cluster client can look a slot up in a slot map that is empty or being
+        # rebuilt (KeyError inside redis-py); ours (a KeyError in our code) propagates as a bug.
+        if not is_redis_failure(exc):
+            raise
+        raise TransientError(f"redis cluster client's slot map is changing during {what}: {exc!r}") from exc
     except rx.ResponseError as exc:
         text = _message(exc)
         if text.startswith("NOGROUP") or "no such key" in text.lower():

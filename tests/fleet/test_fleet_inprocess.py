@@ -23,7 +23,7 @@ from shared.events import (
     ShardsAssigned,
     WorkerJoined,
 )
-from shared.queue import AsyncPublisher, Keys, ensure_fleet
+from shared.queue import AsyncPublisher, Keys, ensure_fleet, shard_of
 from shared.storage import open_store
 from tests._support.wait import wait_for
 from workers import Worker
@@ -114,8 +114,12 @@ async def test_job_that_never_ends_is_aborted_at_its_timeout(
                 return [e for e in evs if isinstance(e, JobTimedOut | Aborted) and e.job == "stuck"]
 
             evs = await wait_for(lambda: _at_least(timed_out(), 4), timeout=30, what="timeout events")
-            # one job_timed_out per shard of the job (ds1 and ds2 live on two shards), with the timeout
-            assert sorted(d for e in evs if isinstance(e, JobTimedOut) for d in e.datasets) == ["ds1", "ds2"]
+            # one job_timed_out per shard of the job (ds1 and ds2 live on two shards), with the timeout,
+            # each naming its shard and that shard's datasets
+            shards = settings.fleet.shards
+            assert shard_of("ds1", shards) != shard_of("ds2", shards)
+            timed = sorted((e.shard, e.datasets) for e in evs if isinstance(e, JobTimedOut))
+            assert timed == sorted((shard_of(d, shards), [d]) for d in ("ds1", "ds2"))
             assert {e.timeout_s for e in evs if isinstance(e, JobTimedOut)} == {1.0}
             why = "timed out: no sign of life from its driver for 1s"
             assert {(e.dataset, e.reason) for e in evs if isinstance(e, Aborted)} == {

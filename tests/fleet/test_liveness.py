@@ -171,6 +171,7 @@ async def test_a_silent_job_is_aborted_once_after_its_timeout_and_the_driver_is_
         (timed_out,) = await events_of(redis_client, fleet_name, "dies", JobTimedOut)
         assert timed_out.timeout_s == 1.0
         assert sorted(timed_out.datasets) == sorted(datasets)
+        assert timed_out.shard == shard_of(datasets[0], SHARDS) == 3  # the shard whose owner decided
         assert timed_out.at >= died  # never while the driver was alive
         assert {e.reason for e in aborted} == {"timed out: no sign of life from its driver for 1s"}
         with pytest.raises(JobNotCommitted) as info:
@@ -207,6 +208,7 @@ async def test_max_job_duration_aborts_a_live_job_and_its_heartbeat_sees_it(
             hb.stop()
         (timed_out,) = await events_of(redis_client, fleet_name, "endless", JobTimedOut)
         assert timed_out.timeout_s == 2.0
+        assert timed_out.shard == shard_of(datasets[0], SHARDS)
         assert {r.status for r in seen[0].results.values()} <= {"aborted"}
         assert all("max_job_duration" in r.reason for r in seen[0].results.values())
 

@@ -115,7 +115,7 @@ ADMIN_EXAMPLES: list[AdminEvent] = [
     LockTakenOver(at=1.0, worker="w2", dataset="sales", previous_owner="w1", epoch=5),
     RecoveryDone(at=1.0, worker="w2", dataset="sales", job="j1", steps_redone=2, duration_s=0.1),
     MessageRejected(at=1.0, worker="w1", shard=3, reason="unsafe_path", detail="..", stream_id="1-0"),
-    JobTimedOut(at=1.0, worker="w1", job="j1", datasets=["sales"], timeout_s=60),
+    JobTimedOut(at=1.0, worker="w1", job="j1", datasets=["sales"], timeout_s=60, shard=33),
     OperatorAction(at=1.0, dataset="sales", job="j1", action="skip", operator="alice"),
     ShardSetAside(at=1.0, worker="w1", shard=5, key="cf:prod:{s5}:state:jobs", field="j1", reason="v2"),
 ]
@@ -152,6 +152,15 @@ def test_admin_rejections(data: bytes, reason: str, detail: str) -> None:
     with pytest.raises(InvalidMessage) as info:
         decode_admin(data)
     assert info.value.reason == reason and detail in info.value.detail
+
+
+def test_job_timed_out_carries_its_shard_and_reads_older_events_without_one() -> None:
+    ev = decode_admin(b'{"type":"job_timed_out","v":1,"at":1,"job":"j1","datasets":["sales"],"shard":33}')
+    assert isinstance(ev, JobTimedOut) and ev.shard == 33
+    older = decode_admin(b'{"type":"job_timed_out","v":1,"at":1,"job":"j1","datasets":["sales"]}')
+    assert isinstance(older, JobTimedOut) and older.shard is None
+    with pytest.raises(InvalidMessage, match="shard"):
+        decode_admin(b'{"type":"job_timed_out","at":1,"job":"j1","shard":-1}')
 
 
 def test_admin_common_fields_have_defaults() -> None:

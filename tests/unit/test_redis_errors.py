@@ -1,12 +1,17 @@
-"""``redis_errors``: what crosses the boundary from redis-py into our exception tree."""
+"""``redis_errors`` and ``shared._redis_py``: what crosses from redis-py into our exception tree."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
+import redis.asyncio.cluster
 import redis.asyncio.connection
 
 from shared import TransientError
+from shared._redis_py import CAUGHT, is_redis_failure, raised_in_redis_py
 from shared.queue import redis_errors
+from tests._support.ports import free_port
 
 
 async def test_redis_py_tripping_over_a_closed_connection_is_transient() -> None:
@@ -42,3 +47,61 @@ async def test_a_release_notice_lost_to_redis_py_is_logged_not_raised() -> None:
     await RedisReleaseNotifier(_ClosedUnder(), "f").released("ds")  # type: ignore[arg-type]
     with pytest.raises(AttributeError):
         await RedisReleaseNotifier(_Buggy(), "f").released("ds")  # type: ignore[arg-type]
+
+
+def _slot_lookup_in_redis_py() -> None:
+    """Raise the KeyError redis-py's cluster client raises for a slot missing from its slot map
+    (empty until the client first connects, or while it is being rebuilt)."""
+    cluster = redis.asyncio.cluster.RedisCluster(host="127.0.0.1", port=free_port())
+    cluster.nodes_manager.get_node_from_slot(0)
+
+
+def _our_lookup() -> None:
+    raise KeyError("ours")
+
+
+def _classified(raiser: Callable[[], None]) -> bool:
+    """What a best-effort caller decides: catch CAUGHT, then ask is_redis_failure."""
+    try:
+        raiser()
+    except CAUGHT as exc:
+        return is_redis_failure(exc)
+    raise AssertionError("nothing raised")
+
+
+def test_a_lookup_error_is_a_redis_failure_only_when_raised_inside_redis_py() -> None:
+    with pytest.raises(KeyError) as raised:
+        _slot_lookup_in_redis_py()
+    assert raised_in_redis_py(raised.value)
+    assert _classified(_slot_lookup_in_redis_py)
+    assert not _classified(_our_lookup)
+    assert not _classified(lambda: [][0])  # an IndexError in our code
+
+
+def test_redis_errors_makes_redis_py_s_lookup_error_transient_and_lets_ours_through() -> None:
+    with pytest.raises(TransientError, match="slot map is changing during route"), redis_errors("route"):
+        _slot_lookup_in_redis_py()
+    with pytest.raises(KeyError, match="ours"), redis_errors("route"):
+        _our_lookup()
+
+
+class _SlotMapEmpty:
+    """A client whose PUBLISH trips over redis-py's cluster slot map (KeyError inside redis-py)."""
+
+    async def publish(self, channel: str, message: bytes) -> int:
+        _slot_lookup_in_redis_py()
+        return 0
+
+
+class _BuggyLookup:
+    async def publish(self, channel: str, message: bytes) -> int:
+        _our_lookup()
+        return 0
+
+
+async def test_a_release_notice_lost_to_the_slot_map_is_logged_and_our_lookup_error_raised() -> None:
+    from shared.locks import RedisReleaseNotifier
+
+    await RedisReleaseNotifier(_SlotMapEmpty(), "f").released("ds")  # type: ignore[arg-type]
+    with pytest.raises(KeyError, match="ours"):
+        await RedisReleaseNotifier(_BuggyLookup(), "f").released("ds")  # type: ignore[arg-type]
