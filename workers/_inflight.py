@@ -2,15 +2,18 @@
 
 One hash per shard, ``cf:<fleet>:{s<n>}:state:inflight``, field = the work's
 label (``commit|<job>|<dataset>``, ...), value = an :class:`InFlight` record
-(JSON). The owner writes it on every change of state (queued behind another
-work of the dataset, running, retrying since when, attempts, last error) and
-deletes the field when the work is done, so ``commitfleet status`` shows what
-each dataset is waiting for. Writes are best effort: a Redis error while
-updating the board is logged and never stops the work it describes.
+(JSON). The owner records every change of state (queued behind another work of the
+dataset, running, retrying since when, attempts, last error) and deletes the
+field when the work is done, so ``commitfleet status`` shows what each dataset
+is waiting for; the changes are written together at most every
+``FLUSH_DELAY_S`` (work that ends sooner never shows). Writes are best effort:
+a Redis error while updating the board is logged and never stops the work it
+describes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any, Literal
@@ -26,6 +29,8 @@ log = logging.getLogger("workers.shard")
 
 FORMAT_VERSION = 1
 BOARD = "inflight"
+# How late the board may show a change: work shorter than this never reaches Redis.
+FLUSH_DELAY_S = 0.25
 
 WorkState = Literal["queued", "running", "retrying"]
 
@@ -61,27 +66,90 @@ def work_label(key: tuple[object, ...]) -> str:
 
 
 class InFlightBoard:
-    """The owner's writer of one shard's in-flight board (best effort, see the module doc)."""
+    """The owner's writer of one shard's in-flight board (best effort, see the module doc).
 
-    def __init__(self, client: redis.asyncio.Redis, keys: Keys, shard: int) -> None:
+    Changes are kept in memory and written together, one pipelined HSET/HDEL
+    every ``delay`` seconds at most: a commit of a few hundred milliseconds
+    used to cost an HSET when it started and an HDEL when it ended, two round
+    trips per dataset for a record nobody read. Now work that ends within
+    ``delay`` never reaches Redis, and the board shows anything under way for
+    longer, ``delay`` late at most. :meth:`run` does the writing.
+    """
+
+    def __init__(
+        self, client: redis.asyncio.Redis, keys: Keys, shard: int, *, delay: float = FLUSH_DELAY_S
+    ) -> None:
         self._r = client
         self._key = keys.shard_state(shard, BOARD)
+        self._delay = delay
+        self._pending: dict[str, bytes | None] = {}  # label -> record to write, or None: delete it
+        self._written: set[str] = set()  # labels this board has in Redis (bounded by open work)
+        self._wake = asyncio.Event()
 
-    async def put(self, label: str, rec: InFlight) -> None:
-        """Record ``rec`` under ``label``; returns None; a Redis failure is logged, not raised."""
-        try:
-            with redis_errors("HSET in-flight board"):
-                await self._r.hset(self._key, label, _enc.encode(rec))
-        except TransientError as exc:
-            log.info("in-flight board not updated", extra=kv(work=label, error=str(exc)))
+    def put(self, label: str, rec: InFlight) -> None:
+        """Record ``rec`` under ``label`` (written by the next flush); returns None, never raises."""
+        self._pending[label] = _enc.encode(rec)
+        self._wake.set()
 
-    async def drop(self, label: str) -> None:
-        """Remove ``label`` (the work is done or handed on); a Redis failure is logged, not raised."""
+    def drop(self, label: str) -> None:
+        """Remove ``label`` (the work is done or handed on); returns None, never raises."""
+        if label in self._written:
+            self._pending[label] = None
+            self._wake.set()
+        else:
+            self._pending.pop(label, None)  # never written: nothing to delete
+
+    async def flush(self) -> bool:
+        """Write what changed since the last flush in one pipelined round trip.
+
+        Returns:
+            False when Redis failed (logged; the changes are kept for the next
+            flush unless newer ones replaced them meanwhile), else True.
+
+        Cancelled: the changes taken for this write are put back (unless newer).
+        """
+        if not self._pending:
+            return True
+        batch, self._pending = self._pending, {}
+        puts = {label: rec for label, rec in batch.items() if rec is not None}
+        drops = [label for label, rec in batch.items() if rec is None]
+        done = False
         try:
-            with redis_errors("HDEL in-flight board"):
-                await self._r.hdel(self._key, label)
+            with redis_errors("update in-flight board"):
+                async with self._r.pipeline(transaction=False) as pipe:
+                    if puts:
+                        pipe.hset(self._key, mapping=puts)  # type: ignore[arg-type]
+                    if drops:
+                        pipe.hdel(self._key, *drops)
+                    await pipe.execute()
+            done = True
+            self._written.update(puts)
+            self._written.difference_update(drops)
         except TransientError as exc:
-            log.info("in-flight board not updated", extra=kv(work=label, error=str(exc)))
+            log.info("in-flight board not updated", extra=kv(changes=len(batch), error=str(exc)))
+        finally:
+            if not done:
+                for label, rec in batch.items():
+                    self._pending.setdefault(label, rec)
+        return done
+
+    async def run(self) -> None:
+        """Flush the board at most every ``delay`` seconds while there are changes; returns when cancelled.
+
+        Raises:
+            CancelledError: when the runner is done with the board (its owner
+                calls :meth:`flush` once more after that, to write the end).
+        """
+        pause = self._delay
+        while True:
+            await self._wake.wait()
+            await asyncio.sleep(pause)
+            self._wake.clear()
+            if await self.flush():
+                pause = self._delay
+            else:  # Redis is down: try again, less and less often
+                pause = min(pause * 2, 5.0)
+                self._wake.set()
 
     async def keep_only(self, labels: set[str]) -> None:
         """Drop every field but ``labels`` (left by an earlier owner or session); logged, not raised."""
@@ -91,6 +159,7 @@ class InFlightBoard:
                 stale = [f for f in fields if f not in labels]
                 if stale:
                     await self._r.hdel(self._key, *stale)
+                self._written = {f for f in fields if f in labels}
         except TransientError as exc:
             log.info("in-flight board not cleaned", extra=kv(error=str(exc)))
 
@@ -124,4 +193,4 @@ async def read_in_flight(client: redis.asyncio.Redis, keys: Keys, shards: int) -
     return out
 
 
-__all__ = ["InFlight", "InFlightBoard", "WorkState", "read_in_flight", "work_label"]
+__all__ = ["FLUSH_DELAY_S", "InFlight", "InFlightBoard", "WorkState", "read_in_flight", "work_label"]

@@ -44,6 +44,7 @@ class SchedulingMixin:
     _ds_locks: DatasetLocks
     _tasks: set[asyncio.Task[None]]
     _tg: ReportingTaskGroup  # the running session's task group
+    board: InFlightBoard  # the shard's in-flight board (written behind, see _inflight)
 
     if TYPE_CHECKING:
         # Provided by ActionsMixin (declared for type checking only: a placeholder here would
@@ -57,7 +58,7 @@ class SchedulingMixin:
         since = time.time()
         if self.ctx.inflight.locked():
             # Every worker-wide slot is taken: show that this work waits for one.
-            await self._board().put(work_label(key), self._flight(work, key, since, "queued"))
+            self.board.put(work_label(key), self._flight(work, key, since, "queued"))
         await self.ctx.inflight.acquire()
         try:
             task = self._tg.create_task(self._run_work(work, key, since))
@@ -70,9 +71,6 @@ class SchedulingMixin:
         self._running.add(key)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-    def _board(self) -> InFlightBoard:
-        return InFlightBoard(self.ctx.redis, self.ctx.keys, self.shard)
 
     def _flight(
         self, work: Work, key: tuple[object, ...], since: float, state: WorkState, **kw: Any
@@ -93,10 +91,10 @@ class SchedulingMixin:
         label = work_label(key)
         try:
             if self._ds_locks.busy(work.dataset):
-                await self._board().put(label, self._flight(work, key, since, "queued"))
+                self.board.put(label, self._flight(work, key, since, "queued"))
             async with self._ds_locks.hold(work.dataset):
                 await self._retrying(work, key, since)
-            await self._board().drop(label)
+            self.board.drop(label)
         finally:
             self._running.discard(key)
             self.ctx.inflight.release()
@@ -120,11 +118,11 @@ class SchedulingMixin:
         attempts = 0
         error = ""
         label = work_label(key)
-        board = self._board()
+        board = self.board
         while True:
             attempts += 1
             running = self._flight(work, key, since, "running", attempts=attempts, last_error=error[:500])
-            await board.put(label, running)
+            board.put(label, running)
             try:
                 await self._do(work)
                 return
@@ -153,7 +151,7 @@ class SchedulingMixin:
             if self.stopping.is_set():
                 return
             retry_at = time.time() + delay
-            await board.put(
+            board.put(
                 label,
                 self._flight(
                     work,

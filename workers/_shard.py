@@ -59,7 +59,7 @@ from ._aside import load_or_set_aside
 from ._context import WorkerContext
 from ._ds_locks import DatasetLocks
 from ._housekeeping import record_quarantined, trim_shard
-from ._inflight import work_label
+from ._inflight import InFlightBoard, work_label
 from ._intake import IntakeMixin
 from ._jobstate import (
     Abort,
@@ -99,6 +99,7 @@ class ShardRunner(SchedulingMixin, IntakeMixin, ActionsMixin, OperatorRequestsMi
         self._last_tick = 0.0
         self._last_trim = 0.0
         self._seen: dict[str, float] = {}  # job -> when its liveness key was last seen
+        self.board = InFlightBoard(ctx.redis, ctx.keys, shard)
         # Dead letters keep any entry that was not oversized whole (docs/queue.md).
         self._consumer = ShardConsumer(
             ctx.redis,
@@ -128,6 +129,7 @@ class ShardRunner(SchedulingMixin, IntakeMixin, ActionsMixin, OperatorRequestsMi
             # A bug in the session or in an action is reported to the process at once.
             async with ReportingTaskGroup(f"shard {self.shard}") as tg:
                 self._tg = tg
+                writer = tg.create_task(self.board.run())
                 while not self.stopping.is_set():
                     try:
                         await self._session()
@@ -141,6 +143,8 @@ class ShardRunner(SchedulingMixin, IntakeMixin, ActionsMixin, OperatorRequestsMi
                             await asyncio.wait_for(self.stopping.wait(), delay)
                         delay = min(delay * 2, 5.0)
                 await self._drain()
+                writer.cancel()
+                await self.board.flush()  # what the drain ended leaves the board now
         except* Fenced as eg:
             raise eg.exceptions[0] from None
         except* CommitfleetError as eg:
@@ -174,7 +178,7 @@ class ShardRunner(SchedulingMixin, IntakeMixin, ActionsMixin, OperatorRequestsMi
         if state is None:
             return
         self.state = state
-        await self._board().keep_only({work_label(k) for k in self._running})
+        await self.board.keep_only({work_label(k) for k in self._running})
         await self._consumer.ensure_group()
         await self._claim_others(forget_idle=True)
         await self._resume_work()

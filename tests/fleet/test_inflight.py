@@ -91,7 +91,12 @@ async def test_a_commit_whose_lock_ran_out_is_retried_and_shown_in_flight(
             async def board() -> list[dict[str, Any]]:
                 return await read_in_flight(redis_client, keys, settings.fleet.shards)
 
-            rows = await board()
+            async def second_attempt_shown() -> list[dict[str, Any]] | None:
+                # The board is written behind (workers._inflight): wait for the second attempt.
+                rows = await board()
+                return rows if rows and rows[0].get("attempts") == 2 else None
+
+            rows = await wait_for(second_attempt_shown, timeout=10, what="the second attempt on the board")
             assert len(rows) == 1, rows
             row = rows[0]
             assert (row["work"], row["dataset"], row["job"]) == ("commit", "ds-1", "job-1")

@@ -1,0 +1,106 @@
+"""The in-flight board written behind: coalescing, one pipelined write, nothing lost to a Redis failure."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import redis.asyncio
+
+from shared.queue import Keys
+from tests._support.redis_server import RedisServer
+from tests._support.wait import wait_for
+from workers._inflight import BOARD, InFlight, InFlightBoard, WorkState
+
+
+def _rec(dataset: str, state: WorkState = "running") -> InFlight:
+    now = time.time()
+    return InFlight(
+        work="commit", dataset=dataset, job="j", worker="w", state=state, since=now, state_since=now
+    )  # type: ignore[arg-type]
+
+
+async def _commands(r: redis.asyncio.Redis) -> int:
+    stats = await r.info("commandstats")
+    return sum(int(v["calls"]) for k, v in stats.items() if k in ("cmdstat_hset", "cmdstat_hdel"))
+
+
+async def test_work_that_ends_before_the_flush_never_reaches_redis(
+    redis_client: redis.asyncio.Redis, fleet_name: str
+) -> None:
+    keys = Keys(fleet_name)
+    board = InFlightBoard(redis_client, keys, 0, delay=0.05)
+    key = keys.shard_state(0, BOARD)
+    before = await _commands(redis_client)
+    for i in range(50):
+        board.put(f"commit|j|d{i}", _rec(f"d{i}"))
+        board.drop(f"commit|j|d{i}")
+    assert await board.flush()
+    assert await _commands(redis_client) == before  # nothing to write, nothing written
+    assert await redis_client.hlen(key) == 0
+
+
+async def test_changes_are_written_together_and_deletes_follow_writes(
+    redis_client: redis.asyncio.Redis, fleet_name: str
+) -> None:
+    keys = Keys(fleet_name)
+    board = InFlightBoard(redis_client, keys, 0, delay=0.05)
+    key = keys.shard_state(0, BOARD)
+    writer = asyncio.create_task(board.run())
+    try:
+        before = await _commands(redis_client)
+        for i in range(20):
+            board.put(f"commit|j|d{i}", _rec(f"d{i}", "queued"))
+            board.put(f"commit|j|d{i}", _rec(f"d{i}", "running"))  # only the last state is written
+        await wait_for(lambda: _hlen_is(redis_client, key, 20), timeout=5, what="20 fields")
+        assert await _commands(redis_client) - before == 1  # one HSET for all of them
+        raw = await redis_client.hget(key, "commit|j|d3")
+        assert raw is not None and b'"running"' in raw
+        for i in range(20):
+            board.drop(f"commit|j|d{i}")
+        await wait_for(lambda: _hlen_is(redis_client, key, 0), timeout=5, what="fields deleted")
+        assert await _commands(redis_client) - before == 2  # and one HDEL
+    finally:
+        writer.cancel()
+        await asyncio.gather(writer, return_exceptions=True)
+
+
+async def test_a_redis_failure_keeps_the_changes_for_the_next_flush(
+    redis_factory: Callable[..., RedisServer], fleet_name: str
+) -> None:
+    server = redis_factory(persistent=True)  # a's field survives the restart: its delete must not be lost
+    keys = Keys(fleet_name)
+    key = keys.shard_state(0, BOARD)
+    r = redis.asyncio.Redis.from_url(server.url, socket_timeout=2, socket_connect_timeout=2)
+    try:
+        board = InFlightBoard(r, keys, 0, delay=0.05)
+        board.put("commit|j|a", _rec("a"))
+        assert await board.flush()
+        server.stop()
+        board.put("commit|j|b", _rec("b"))
+        board.drop("commit|j|a")
+        assert not await board.flush()  # logged, not raised
+        server.restart()
+        writer = asyncio.create_task(board.run())
+        try:
+            board.put("commit|j|c", _rec("c"))  # wakes the writer; b and a's delete are still due
+            await wait_for(
+                lambda: _fields_are(r, key, {b"commit|j|b", b"commit|j|c"}), timeout=20, what="b and c only"
+            )
+        finally:
+            writer.cancel()
+            await asyncio.gather(writer, return_exceptions=True)
+    finally:
+        await r.aclose()
+
+
+async def _hlen_is(r: redis.asyncio.Redis, key: str, n: int) -> bool:
+    return bool(await r.hlen(key) == n)
+
+
+async def _fields_are(r: redis.asyncio.Redis, key: str, fields: set[bytes]) -> bool:
+    try:
+        return set(await r.hkeys(key)) == fields
+    except (redis.exceptions.ConnectionError, OSError):
+        return False
