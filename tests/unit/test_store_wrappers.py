@@ -33,7 +33,24 @@ def test_settings_refuse_a_tail_below_the_median() -> None:
         StoreSettings(model_latency_ms=20.0, model_latency_p99_ms=5.0)
 
 
-async def test_open_store_wraps_with_modelled_latency(tmp_path: Path) -> None:
+async def test_open_store_wraps_with_modelled_latency(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    waits: list[float] = []
+    waiting = peak = 0
+    real_sleep = asyncio.sleep
+
+    async def watched_sleep(delay: float) -> None:
+        nonlocal waiting, peak
+        waits.append(delay)
+        waiting += 1
+        peak = max(peak, waiting)
+        try:
+            await real_sleep(delay)
+        finally:
+            waiting -= 1
+
+    monkeypatch.setattr(asyncio, "sleep", watched_sleep)  # the wrapper calls asyncio.sleep at each request
     store = open_store(tmp_path.as_uri(), StoreSettings(model_latency_ms=30.0, model_latency_p99_ms=30.0))
     assert isinstance(store, LatencyStore)
     async with store:
@@ -41,12 +58,12 @@ async def test_open_store_wraps_with_modelled_latency(tmp_path: Path) -> None:
         t0 = loop.time()
         await store.write("a/b", b"x")
         await store.read("a/b")
-        # Two requests in sequence wait two round trips ...
+        # Two requests in sequence wait two round trips of the configured 30 ms ...
         assert loop.time() - t0 >= 0.060
-        t1 = loop.time()
+        assert waits == pytest.approx([0.030, 0.030]) and peak == 1
         await asyncio.gather(*(store.head("a/b") for _ in range(20)))
-        # ... twenty in parallel overlap (in sequence they would take 0.6 s).
-        assert loop.time() - t1 < 0.3
+        # ... twenty in parallel wait at the same time (no timing: overlapping is what matters).
+        assert len(waits) == 22 and peak == 20
 
 
 async def test_counting_store_counts_requests_and_sequential_rounds(tmp_path: Path) -> None:
