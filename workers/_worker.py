@@ -114,6 +114,8 @@ class Worker:
         self._retry_at: dict[int, float] = {}
         self._failures: dict[int, int] = {}
         self._rng = random.Random()
+        # Set when the worker starts leaving: its heartbeat must not bring it back.
+        self._leaving = asyncio.Event()
 
     def shutdown(self) -> None:
         """Begin the phased shutdown (idempotent; returns at once)."""
@@ -206,6 +208,7 @@ class Worker:
             hard_exit_after=self._hard_exit_after,
         )
         left = False
+        self._leaving.clear()  # joined (again): the heartbeat keeps the membership from now on
         try:
             async with process:
                 process.start(self._heartbeat(ctx.registry, started), "heartbeat")
@@ -241,6 +244,7 @@ class Worker:
 
     async def _leave(self, ctx: WorkerContext, *, reason: str | None) -> None:
         """Deregister and publish ``worker_left`` (``reason`` None: deregister only); best effort, bounded."""
+        self._leaving.set()
         try:
             async with asyncio.timeout(LEAVE_TIMEOUT_S):
                 await ctx.registry.deregister(self.worker_id)
@@ -263,9 +267,16 @@ class Worker:
         s = self.settings.worker
         while True:
             await asyncio.sleep(s.heartbeat)
+            if self._leaving.is_set():
+                return
             try:
                 info = worker_info(self.worker_id, started)
                 if not await registry.renew(info, s.lease):
+                    if self._leaving.is_set():
+                        # The lease is gone because we deregistered: re-registering here
+                        # (a heartbeat whose cancellation was lost) would leave a member
+                        # behind that the coordinator later reports as a second worker_left.
+                        return
                     # We were presumed dead (frozen, or cut off from Redis): our
                     # shards may have moved; their owner tokens fence us.
                     log.warning(
