@@ -72,6 +72,27 @@ class OperatorRequestsMixin:
             out.append(Operate(dataset=dataset, job=job, op=as_text(op)))
         return out
 
+    async def _refuse(self, work: Operate, action: Literal["retry", "skip"], why: str) -> None:
+        """Log and announce (``operator_action`` outcome ``refused``) a request that will never apply.
+
+        Raises:
+            TransientError: the event could not be published (the request stays, tried again).
+        """
+        log.warning(
+            "operator request refused", extra=kv(op=work.op, dataset=work.dataset, job=work.job, reason=why)
+        )
+        await self.ctx.emit(
+            OperatorAction(
+                at=time.time(),
+                worker=self.ctx.worker_id,
+                dataset=work.dataset,
+                job=work.job,
+                action=action,
+                outcome="refused",
+                detail=why[:500],
+            )
+        )
+
     async def _operate(self, work: Operate) -> None:
         ctx = self.ctx
         key = ctx.keys.shard_state(self.shard, "operator")
@@ -79,20 +100,8 @@ class OperatorRequestsMixin:
             op = verify_operator_request(work.op, ctx.limits.signing, dataset=work.dataset, job=work.job)
         except InvalidMessage as exc:
             # A forged, replayed or unsigned request: refuse it (once) and drop it.
-            log.warning(
-                "operator request refused",
-                extra=kv(dataset=work.dataset, job=work.job, reason=exc.reason, detail=exc.detail),
-            )
-            await ctx.emit(
-                OperatorAction(
-                    at=time.time(),
-                    worker=ctx.worker_id,
-                    dataset=work.dataset,
-                    job=work.job,
-                    action="skip" if work.op.startswith("skip") else "retry",
-                    outcome="refused",
-                    detail=f"{exc.reason}: {exc.detail}",
-                )
+            await self._refuse(
+                work, "skip" if work.op.startswith("skip") else "retry", f"{exc.reason}: {exc.detail}"
             )
             with redis_errors("HDEL operator request"):
                 await ctx.redis.hdel(key, f"{work.dataset}/{work.job}")
@@ -130,21 +139,7 @@ class OperatorRequestsMixin:
                 await self._locked(work.dataset, body)
             except (BadInput, NotFound, CommitStepFailed) as exc:
                 # The request cannot apply (and never will): say so once, drop it.
-                log.warning(
-                    "operator request refused",
-                    extra=kv(op=work.op, dataset=work.dataset, job=work.job, reason=str(exc)),
-                )
-                await ctx.emit(
-                    OperatorAction(
-                        at=time.time(),
-                        worker=ctx.worker_id,
-                        dataset=work.dataset,
-                        job=work.job,
-                        action="retry" if work.op == "retry" else "skip",
-                        outcome="refused",
-                        detail=str(exc)[:500],
-                    )
-                )
+                await self._refuse(work, "retry" if work.op == "retry" else "skip", str(exc))
         else:
             log.error("unknown operator request", extra=kv(op=work.op, dataset=work.dataset))
         with redis_errors("HDEL operator request"):
