@@ -41,6 +41,8 @@ from ._procs import FleetProcess, ThrowawayRedis, write_config
 from ._status import fleet_status
 
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+# With a latency model, the default temporary store goes to memory where there is one (see run_commit_bench).
+_SHM: Path | None = Path("/dev/shm") if os.path.isdir("/dev/shm") else None
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -228,12 +230,20 @@ async def run_commit_bench(
 ) -> list[ModeResult]:
     """Run the chosen modes on the configured store (a temporary local one when none); print the table."""
     work = Path(tempfile.mkdtemp(prefix="commitfleet-bench-commit-"))
+    cleanup = [work]
     server: ThrowawayRedis | None = None
     try:
         if not settings.store.url:
-            (work / "store").mkdir()
+            root = work / "store"
+            if settings.store.model_latency_ms and _SHM is not None:
+                # The model stands for a cloud store's round trip; a local store on disk would add
+                # its own fsync latency and CPU to every request, which a cloud client does not pay.
+                memory = Path(tempfile.mkdtemp(prefix="commitfleet-bench-commit-", dir=_SHM))
+                cleanup.append(memory)
+                root = memory / "store"
+            root.mkdir()
             settings = msgspec.structs.replace(
-                settings, store=msgspec.structs.replace(settings.store, url=(work / "store").as_uri())
+                settings, store=msgspec.structs.replace(settings.store, url=root.as_uri())
             )
         lat = settings.store.model_latency_ms
         console.print(
@@ -295,8 +305,9 @@ async def run_commit_bench(
     finally:
         if server is not None:
             server.stop()
-        with contextlib.suppress(OSError):
-            shutil.rmtree(work)
+        for path in cleanup:
+            with contextlib.suppress(OSError):
+                shutil.rmtree(path)
 
 
 def _print(results: list[ModeResult], console: Console) -> None:

@@ -67,3 +67,18 @@ def test_raw_store_drops_the_model(tmp_path: Path) -> None:
     assert type(open_raw(s)).__name__ == "LocalStore"
     assert type(open_store(s.store.url, s.store)).__name__ == "LatencyStore"
     assert msgspec.structs.asdict(s.store)["model_latency_ms"] == 5.0
+
+
+@pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="no /dev/shm on this machine")
+async def test_with_a_latency_model_the_default_store_is_in_memory_and_removed(tmp_path: Path) -> None:
+    s = _settings(tmp_path, latency_ms=1.0)
+    s = msgspec.structs.replace(s, store=msgspec.structs.replace(s.store, url=""))
+    before = set(Path("/dev/shm").glob("commitfleet-bench-commit-*"))
+    console = Console(file=open(tmp_path / "out.txt", "w"), width=300)  # noqa: SIM115
+    results = await run_commit_bench(
+        s, Workload(datasets=2, files=2, size=64), modes=["baseline"], workers=1, inflight=2, console=console
+    )
+    console.file.close()
+    assert [r.datasets for r in results] == [2]
+    assert "on file:///dev/shm/commitfleet-bench-commit-" in (tmp_path / "out.txt").read_text()
+    assert set(Path("/dev/shm").glob("commitfleet-bench-commit-*")) == before  # removed after the run
