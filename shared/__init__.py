@@ -16,7 +16,8 @@ from ._errors import (
 )
 from ._retry import RetryPolicy, retry
 from ._secret import Secret
-from ._settings import Settings, load_settings
+from ._settings import Settings
+from ._settings_load import load_settings
 
 __all__ = [
     "BadInput",

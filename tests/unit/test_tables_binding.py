@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from shared import load_settings
 from shared._errors import ConfigError
-from shared._settings import load_settings
 from shared.commit import CommitRequest, StagedFile, WinningAttempt, resolve_binding, table_step
 from shared.commit._catalog_ops import catalog_properties
 from shared.events import JobStarted, TableBinding, TaskFinished, published_key

@@ -1,0 +1,118 @@
+"""Loading the settings: built-in defaults, then a TOML file, then environment variables, then overrides.
+
+Precedence (lowest to highest): built-in defaults, the TOML file
+(``--config`` or ``COMMITFLEET_CONFIG``), environment variables
+``COMMITFLEET_<SECTION>_<KEY>`` (for example ``COMMITFLEET_LOCK_VALIDITY=20``),
+the conventional shortcuts ``REDIS_URL``, ``REDIS_PASSWORD`` and
+``COMMITFLEET_STORE`` (the store root URL), and the caller's overrides.
+The sections and their checks live in :mod:`shared._settings`.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from ._errors import ConfigError
+from ._secret import secret_dec_hook, split_redis_url
+from ._settings import ENV_PREFIX, Settings
+
+_SHORTCUTS = {
+    "REDIS_URL": ("redis", "url"),
+    "REDIS_PASSWORD": ("redis", "password"),
+    "COMMITFLEET_STORE": ("store", "url"),
+}
+
+
+def _env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    sections = {name: Settings.__struct_fields__ for name in Settings.__struct_fields__}
+    for var, (section, key) in _SHORTCUTS.items():
+        if env.get(var):
+            out.setdefault(section, {})[key] = env[var]
+    for var, value in env.items():
+        if not var.startswith(ENV_PREFIX) or var in _SHORTCUTS or var == ENV_PREFIX + "CONFIG":
+            continue
+        rest = var[len(ENV_PREFIX) :].lower()
+        section, _, key = rest.partition("_")
+        if section not in sections or not key:
+            raise ConfigError(f"unknown setting in environment: {var}")
+        if section == "commit" and key.startswith("retry_"):
+            out.setdefault("commit", {}).setdefault("retry", {})[key[len("retry_") :]] = value
+        else:
+            out.setdefault(section, {})[key] = value
+    return out
+
+
+def _lift_password(layer: Mapping[str, Any], source: str) -> Mapping[str, Any]:
+    """Return ``layer`` with a password in its ``redis.url`` moved to its ``redis.password``.
+
+    Done per layer, before the layers are merged, so precedence holds for the
+    password too (``REDIS_URL`` with a password beats a config file's
+    ``redis.password``).
+
+    Raises:
+        ConfigError: the layer gives both (never echoing either).
+    """
+    redis = layer.get("redis")
+    if not isinstance(redis, Mapping) or not isinstance(redis.get("url"), str):
+        return layer
+    clean, password = split_redis_url(redis["url"])
+    if password is None:
+        return layer
+    if redis.get("password"):
+        raise ConfigError(f"{source} gives redis.url with a password and redis.password too: give one")
+    return {**layer, "redis": {**redis, "url": clean, "password": password}}
+
+
+def _merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in top.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def load_settings(
+    config_file: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Settings:
+    """Build the frozen settings from defaults, a TOML file, env vars and overrides.
+
+    ``overrides`` (nested dicts, e.g. from CLI flags) win over everything.
+
+    Returns:
+        The validated :class:`Settings`.
+
+    Raises:
+        ConfigError: one line saying which setting is wrong and why.
+    """
+    env = os.environ if env is None else env
+    raw: dict[str, Any] = {}
+    path = config_file or env.get(ENV_PREFIX + "CONFIG")
+    if path:
+        try:
+            raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {path}") from None
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    raw = dict(_lift_password(raw, f"config file {path}"))
+    raw = _merge(raw, _lift_password(_env_overrides(env), "the environment"))
+    if overrides:
+        raw = _merge(raw, _lift_password(overrides, "the command line"))
+    try:
+        return msgspec.convert(raw, Settings, strict=False, dec_hook=secret_dec_hook)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"bad setting: {exc}") from None
+
+
+__all__ = ["load_settings"]
