@@ -96,7 +96,8 @@ class ThreadPool:
                 _answer(loop, _fail, fut, exc)
             else:
                 _answer(loop, _succeed, fut, result)
-            del item, fut, call  # drop the references before idling (a big read's bytes)
+                del result  # an idle thread must not keep the last answer alive (a big read's bytes)
+            del item, fut, call
             self._idle.release()
 
 
