@@ -118,11 +118,10 @@ class SchedulingMixin:
         attempts = 0
         error = ""
         label = work_label(key)
-        board = self.board
         while True:
             attempts += 1
             running = self._flight(work, key, since, "running", attempts=attempts, last_error=error[:500])
-            board.put(label, running)
+            self.board.put(label, running)
             try:
                 await self._do(work)
                 return
@@ -151,7 +150,7 @@ class SchedulingMixin:
             if self.stopping.is_set():
                 return
             retry_at = time.time() + delay
-            board.put(
+            self.board.put(
                 label,
                 self._flight(
                     work,
