@@ -1,11 +1,8 @@
 """Configuration: enters once, from a TOML file and environment variables, into a
 frozen :class:`Settings` object that is then passed down explicitly.
 
-Precedence (lowest to highest): built-in defaults, the TOML file
-(``--config`` or ``COMMITFLEET_CONFIG``), environment variables
-``COMMITFLEET_<SECTION>_<KEY>`` (for example ``COMMITFLEET_LOCK_VALIDITY=20``),
-and the conventional shortcuts ``REDIS_URL``, ``REDIS_PASSWORD`` and
-``COMMITFLEET_STORE`` (the store root URL).
+The sections and their checks live here; :mod:`shared._settings_load` builds
+them (defaults, TOML file, environment, overrides: its doc gives the precedence).
 
 Credentials (``redis.password``, ``security.hmac_secret``, ``coordinator.admin_token``,
 ``store.azure_connection_string``, ``store.azure_account_url``) are :class:`~shared._secret.Secret` values:
@@ -26,8 +23,6 @@ import msgspec
 
 from ._redis_url import is_cluster_url, parse_cluster_url
 from ._secret import Secret, coerce_secret, split_redis_url
-
-ENV_PREFIX = "COMMITFLEET_"
 
 
 class _Section(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

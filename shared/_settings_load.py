@@ -20,7 +20,9 @@ import msgspec
 
 from ._errors import ConfigError
 from ._secret import secret_dec_hook, split_redis_url
-from ._settings import ENV_PREFIX, Settings
+from ._settings import Settings
+
+ENV_PREFIX = "COMMITFLEET_"
 
 _SHORTCUTS = {
     "REDIS_URL": ("redis", "url"),
@@ -31,7 +33,7 @@ _SHORTCUTS = {
 
 def _env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    sections = {name: Settings.__struct_fields__ for name in Settings.__struct_fields__}
+    sections = set(Settings.__struct_fields__)
     for var, (section, key) in _SHORTCUTS.items():
         if env.get(var):
             out.setdefault(section, {})[key] = env[var]
