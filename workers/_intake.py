@@ -18,6 +18,7 @@ from shared.events import (
     InvalidMessage,
     MessageRejected,
     QueueEvent,
+    TaskFinished,
     decode_entry,
     event_datasets,
 )
@@ -77,12 +78,17 @@ class IntakeMixin:
             InvalidMessage: ``inconsistent``.
         """
         shards = self.ctx.settings.fleet.shards
-        names = event_datasets(ev)
-        for d in names:
-            if _route(d, shards) != self.shard:
-                break
+        if type(ev) is TaskFinished:  # most events: one dataset, no list to build
+            if _route(ev.dataset, shards) == self.shard:
+                return ev
+            names = [ev.dataset]
         else:
-            return ev
+            names = event_datasets(ev)
+            for d in names:
+                if _route(d, shards) != self.shard:
+                    break
+            else:
+                return ev
         foreign = {d: shard_of(d, shards) for d in names if shard_of(d, shards) != self.shard}
         if foreign:
             where = ", ".join(f"{d!r} -> shard {s}" for d, s in sorted(foreign.items())[:5])
@@ -149,22 +155,26 @@ class IntakeMixin:
         batch = Batch()
         todo: list[Action] = []
         rejected = duplicates = 0
+        # Bound once: this loop runs per event.
+        judge, apply, acked, attempts = self._judge, self.state.apply, batch.ack.append, batch.attempts
         for entry in entries:
-            d = self._judge(entry, now)
+            d = judge(entry, now)
             if isinstance(d, InvalidMessage):
                 await self._reject(entry, d)
                 rejected += 1
                 continue
-            self.state.apply(d)
-            if d.job is not None:
-                batch.jobs.add(d.job.job)
-            if d.attempt is not None and d.job is not None:
-                ds, rec = d.attempt
-                batch.attempts[(d.job.job, ds, rec.task, rec.attempt)] = rec
-            if d.job is None and d.attempt is None and not d.actions:
+            apply(d)
+            job = d.job
+            if job is not None:
+                batch.jobs.add(job.job)
+                if d.attempt is not None:
+                    ds, rec = d.attempt
+                    attempts[(job.job, ds, rec.task, rec.attempt)] = rec
+            elif d.attempt is None and not d.actions:
                 duplicates += 1  # e.g. a publisher's retry delivered the entry twice
-            todo.extend(d.actions)
-            batch.ack.append(entry.id)
+            if d.actions:
+                todo.extend(d.actions)
+            acked(entry.id)
         await self._save(batch)
         ctx.counters.add("intake", len(entries))
         if rejected:

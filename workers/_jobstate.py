@@ -20,6 +20,8 @@ and the staged files they name cleaned up.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Literal
 
 import msgspec
@@ -167,8 +169,15 @@ class ShardJobs:
 
     def load_attempt(self, job: str, dataset: str, rec: Attempt) -> None:
         """Add a persisted attempt record (at shard start)."""
-        self.attempts.setdefault((job, dataset), {}).setdefault(rec.task, {})[rec.attempt] = rec
-        self.seq = max(self.seq, rec.seq)
+        per_task = self.attempts.get((job, dataset))
+        if per_task is None:
+            per_task = self.attempts[(job, dataset)] = {}
+        per_attempt = per_task.get(rec.task)
+        if per_attempt is None:
+            per_attempt = per_task[rec.task] = {}
+        per_attempt[rec.attempt] = rec
+        if rec.seq > self.seq:  # not max(): called once per event, and a builtin call costs more
+            self.seq = rec.seq
 
     def apply(self, d: Decision) -> None:
         """Fold ``d`` into the state (after it was persisted)."""
@@ -294,10 +303,12 @@ def _task_finished(
     if ended is not None:
         return Decision(actions=(_cleanup(ev),), note=f"job {ev.job} already ended ({ended.status})")
     meta = state.jobs.get(ev.job) or _open_job(ev.job, [ev.dataset], now, default_timeout)
-    if ev.dataset not in meta.datasets:
+    ds = meta.datasets.get(ev.dataset)
+    if ds is None:
         meta = _with_datasets(meta, [ev.dataset])
-    ds = meta.datasets[ev.dataset]
-    seen = state.attempts.get((ev.job, ev.dataset), {}).get(ev.task, {})
+        ds = meta.datasets[ev.dataset]
+    per_task = state.attempts.get((ev.job, ev.dataset))
+    seen = per_task.get(ev.task, _NO_ATTEMPTS) if per_task is not None else _NO_ATTEMPTS
     if ev.attempt in seen:
         return Decision(note="duplicate attempt")
     if ds.status not in ("open", "waiting"):
@@ -316,6 +327,10 @@ def _task_finished(
             meta = msgspec.structs.replace(meta, datasets={**meta.datasets, ev.dataset: ds})
             actions = (Commit(job=ev.job, dataset=ev.dataset),)
     return Decision(job=meta, attempt=(ev.dataset, rec), actions=actions)
+
+
+# What a task with no recorded attempt has seen (read-only: shared by every lookup).
+_NO_ATTEMPTS: Mapping[int, Attempt] = MappingProxyType({})
 
 
 def _cleanup(ev: TaskFinished) -> CleanupAttempt:

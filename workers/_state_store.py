@@ -279,8 +279,9 @@ class ShardStateStore:
             if meta is not None:
                 jobs += (j, _enc.encode(meta).decode())
         attempts: list[str] = []
-        for k, v in batch.attempts.items():
-            attempts += (attempt_field(*k), _enc.encode(v).decode())
+        add, encode = attempts.extend, _enc.encode  # per event: bound once
+        for (job, dataset, task, number), attempt in batch.attempts.items():
+            add((attempt_field(job, dataset, task, number), encode(attempt).decode()))
         ended: list[str] = []
         ended_names: list[str] = []
         for j in batch.ended:

@@ -26,6 +26,7 @@ from ._layout import (
 )
 from ._queue_events import (
     DEFAULT_DATASET_PATTERN,
+    INT32_MAX,
     REL_PATH_PATTERN,
     SCHEMA_VERSION,
     DatasetExpectation,
@@ -180,34 +181,57 @@ _PLAIN_ONE: Final = r"[A-Za-z0-9=-][A-Za-z0-9_.=-]*(?:/[A-Za-z0-9_=-][A-Za-z0-9_
 _PLAIN_PATHS: Final = re.compile(rf"{_PLAIN_ONE}(?:\n{_PLAIN_ONE})*\Z")
 
 
+_PLAIN_ONE_RE: Final = re.compile(_PLAIN_ONE)
+_INDEX_DIGITS: Final = len(str(INT32_MAX))  # the widest task or attempt number
+# The fixed part of a staged key: "/" x4 and "-" around job, dataset, task and attempt.
+_STAGED_FIXED: Final = len(STAGING) + 5
+
+
 def _all_plain(paths: list[str], name_prefix: int, room: int) -> bool:
     """Return True when every path is safe, unique, ASCII and short enough (one pass in C)."""
-    if not paths:
+    # ASCII only (the patterns admit nothing else): characters are bytes, and a
+    # basename is never longer than its path, so one bound covers the key
+    # (``room``) and the published file name (``name_prefix`` + basename).
+    # (Conditional expressions, not min()/max(): a builtin call costs more than the test here.)
+    limit = MAX_SEGMENT_BYTES - name_prefix
+    if room < limit:
+        limit = room
+    n = len(paths)
+    if n == 1:
+        path = paths[0]
+        return len(path) <= limit and _PLAIN_ONE_RE.fullmatch(path) is not None
+    if n == 0:
         return True
     joined = "\n".join(paths)
     # A "\n" inside a path would pass for a separator: count them.
-    if joined.count("\n") != len(paths) - 1 or _PLAIN_PATHS.match(joined) is None:
+    if joined.count("\n") != n - 1 or _PLAIN_PATHS.match(joined) is None:
         return False
-    # ASCII only: characters are bytes. A basename is never longer than its path.
-    longest = max(map(len, paths))
-    if longest > room or longest > MAX_SEGMENT_BYTES or name_prefix + longest > MAX_SEGMENT_BYTES:
-        return False
-    return len(set(paths)) == len(paths)
+    if len(joined) > limit:  # else every path is within the bound
+        for path in paths:
+            if len(path) > limit:
+                return False
+    return paths[0] != paths[1] if n == 2 else len(set(paths)) == n
 
 
 def _check_task_finished(ev: TaskFinished, limits: ValidationLimits) -> None:
-    limits.check_dataset(ev.dataset)
+    dataset = ev.dataset
+    limits.check_dataset(dataset)
     # Longest keys this message leads to: the staged key and the published key.
     # Job ids are ASCII (checked before); a dataset name may not be.
-    dataset_bytes = len(ev.dataset) if ev.dataset.isascii() else len(ev.dataset.encode())
+    job_len = len(ev.job)
+    dataset_bytes = len(dataset) if dataset.isascii() else len(dataset.encode())
+    paths = [f.path for f in ev.files]
+    # First with the widest task and attempt numbers, which spares formatting
+    # them: what passes with those bounds passes with the exact ones.
+    widest = _STAGED_FIXED + job_len + dataset_bytes + 2 * _INDEX_DIGITS
+    if _all_plain(paths, job_len + _INDEX_DIGITS + 2, MAX_KEY_BYTES - widest):
+        return
     task_digits = len(str(ev.task))
-    staged_base = (
-        len(STAGING) + len(ev.job) + dataset_bytes + task_digits + len(str(ev.attempt)) + 5
-    )  # "/" x4 and "-"
-    name_prefix = len(ev.job) + max(task_digits, 5) + 2  # "<job>~<task:05d>-"
+    staged_base = _STAGED_FIXED + job_len + dataset_bytes + task_digits + len(str(ev.attempt))
+    name_prefix = job_len + max(task_digits, 5) + 2  # "<job>~<task:05d>-"
     published_base = dataset_bytes + 1 + name_prefix
     room = MAX_KEY_BYTES - max(staged_base, published_base)
-    if not _all_plain([f.path for f in ev.files], name_prefix, room):
+    if not _all_plain(paths, name_prefix, room):
         _check_paths(ev, name_prefix, room)
 
 
