@@ -173,6 +173,7 @@ class ShardRunner(SchedulingMixin, IntakeMixin, ActionsMixin, OperatorRequestsMi
             wait_replicas=ctx.settings.redis.wait_replicas,
             wait_timeout=ctx.settings.redis.wait_timeout,
             results_max=ctx.settings.queue.results_max,
+            consumer=self._consumer.consumer,
         )
         state = await load_or_set_aside(ctx, self.store, self.stopping)  # waits while unreadable
         if state is None:
@@ -189,13 +190,21 @@ class ShardRunner(SchedulingMixin, IntakeMixin, ActionsMixin, OperatorRequestsMi
                 break
             await self._process(entries)
             after = entries[-1].id
-        while not self.stopping.is_set():
-            await self._wait_capacity()
-            entries = await self._consumer.read(
-                ctx.settings.worker.read_batch, ctx.settings.worker.read_block_ms
-            )
+        size = ctx.settings.worker.read_batch
+        ahead: list[Entry] = []
+        # Entries read ahead are ours already: they are processed even when a
+        # stop comes meanwhile (one batch more), never left pending to us.
+        while ahead or not self.stopping.is_set():
+            if ahead:
+                entries, ahead = ahead, []
+            else:
+                await self._wait_capacity()
+                entries = await self._consumer.read(size, ctx.settings.worker.read_block_ms)
             if entries:
-                await self._process(entries)
+                # A full batch says there is a backlog: its save reads the next one
+                # (same round trip), unless the shard is stopping or has no room.
+                more = len(entries) >= size and not self.stopping.is_set() and not ctx.inflight.locked()
+                ahead = await self._process(entries, read_next=size if more else 0)
             if time.monotonic() - self._last_tick >= TICK_S:
                 self._last_tick = time.monotonic()
                 await self._tick()

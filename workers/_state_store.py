@@ -40,9 +40,11 @@ from shared.queue import (
     DEFAULT_GROUP,
     RESULT_RETENTION_S,
     DatasetResult,
+    Entry,
     Keys,
     as_text,
     encode_result,
+    entries_from_raw,
     redis_errors,
     wait_replicated,
 )
@@ -69,9 +71,11 @@ _pack = msgspec.msgpack.Encoder().encode
 # where each "flat" is [field, value, field, value, ...] and results is, per
 # result key (in KEYS order from 7), [dataset, value, dataset, value, ...], whose
 # job names are in result jobs; then results_max, now (ms), the result keys' prefix.
-# Returns false when written, else the current owner token (or "" when none):
-# the comparison and every write are one atomic script, so a fenced worker
-# writes nothing and acknowledges nothing.
+# ARGV[8] and ARGV[9]: a consumer and a count: after the writes, up to that
+# many new entries are read for that consumer (0: none).
+# Returns the entries read (an array, maybe empty) when written, else the current
+# owner token (or "" when none): the comparison and every write are one atomic
+# script, so a fenced worker writes nothing, acknowledges nothing and reads nothing.
 #
 # Results beyond results_max (the oldest first), and those older than the retention,
 # are forgotten in the same script that writes one: the cap holds after every save.
@@ -121,7 +125,15 @@ end
 forget(redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', now - 1000 * tonumber(ARGV[3]), 'LIMIT', 0, 1000))
 local over = redis.call('ZCARD', KEYS[6]) - tonumber(ARGV[5])
 if over > 0 then forget(redis.call('ZRANGE', KEYS[6], 0, over - 1)) end
-return false
+-- Read ahead: the consumer's next batch in the same round trip. pcall: a failed
+-- read (the group deleted, say) must not fail a save whose writes are done;
+-- the next plain read meets the problem and handles it.
+local n = tonumber(ARGV[9])
+if n > 0 then
+  local r = redis.pcall('XREADGROUP', 'GROUP', ARGV[2], ARGV[8], 'COUNT', n, 'STREAMS', KEYS[5], '>')
+  if type(r) == 'table' and r[1] then return r[1][2] end
+end
+return {}
 """
 
 
@@ -176,10 +188,13 @@ class ShardStateStore:
         wait_replicas: int = 0,
         wait_timeout: float = 1.0,
         results_max: int = DEFAULT_RESULTS_MAX,
+        consumer: str = "",
     ) -> None:
-        """``results_max``: job results kept at most on this shard (``queue.results_max``)."""
+        """``results_max``: job results kept at most on this shard (``queue.results_max``);
+        ``consumer``: the name :meth:`save` reads ahead for (the shard consumer's)."""
         if results_max < 1:
             raise ValueError("results_max must be >= 1")
+        self._consumer = consumer
         self._results_max = results_max
         self._r = redis_client
         # redis.wait_replicas: each save waits for that many replicas (docs/queue.md "Redis Cluster").
@@ -259,20 +274,29 @@ class ShardStateStore:
             )
         return rec
 
-    async def save(self, batch: Batch, state: ShardJobs) -> None:
+    async def save(self, batch: Batch, state: ShardJobs, *, read_next: int = 0) -> list[Entry]:
         """Write ``batch`` (job metadata as ``state`` has it now) and acknowledge its
         messages atomically, if we still own the shard.
 
         Callers serialise saves of one shard, so a later save never carries
         older metadata than an earlier one.
 
+        Returns:
+            With ``read_next`` > 0 (and a non-empty batch), up to that many new
+            entries of the shard's stream, read in the same script for the
+            store's consumer: they are pending to it from then on, like the
+            entries of any read. Else an empty list.
+
         Raises:
-            Fenced: the owner token changed (nothing was written).
+            Fenced: the owner token changed (nothing was written or read).
             TransientError: Redis unavailable (nothing, or everything, was written:
-                the script is atomic, and every write here is idempotent).
+                the script is atomic, and every write here is idempotent; entries
+                it read stay pending to the consumer).
         """
+        if read_next and not self._consumer:
+            raise ValueError("reading ahead needs the store's consumer name")
         if batch.empty():
-            return
+            return []
         jobs: list[str] = []
         for j in batch.jobs:
             meta = state.jobs.get(j)
@@ -298,14 +322,15 @@ class ShardStateStore:
         blob = _pack([jobs, attempts, ended, ended_names, batch.drop_attempts, ack, results, list(per_job)])
         keys = [*self._fixed_keys, *(self._keys.job_result(self.shard, job) for job in per_job)]
         args: list[bytes | str | int] = [self.token, DEFAULT_GROUP, RESULT_RETENTION_S, blob]
-        args += [self._results_max, int(time.time() * 1000), self._result_prefix]
+        args += [self._results_max, int(time.time() * 1000), self._result_prefix, self._consumer, read_next]
         with redis_errors("save shard state"):
-            current = await self._save(keys=keys, args=args)
-        if current is not None:
-            raise Fenced(f"shard {self.shard} is now owned by {current!r}, not {self.token!r}")
+            reply = await self._save(keys=keys, args=args)
+        if not isinstance(reply, list):
+            raise Fenced(f"shard {self.shard} is now owned by {reply!r}, not {self.token!r}")
         if self._wait[0]:
             with redis_errors("wait for replicas of the shard state"):
                 await wait_replicated(self._r, self._keys.shard_state(self.shard, "wait"), *self._wait)
+        return entries_from_raw(reply)
 
     async def forget_ended(self, jobs: Iterable[str]) -> None:
         """Drop the records of ended jobs past their retention."""

@@ -216,6 +216,11 @@ class ShardConsumer:
         self._high: bytes | None = None
         self._resync = False
 
+    def took(self, entries: list[Entry]) -> list[Entry]:
+        """Return ``entries``, recorded as read by this consumer through another
+        command (the shard state's save reads ahead); in id order, like a read's."""
+        return self._seen(entries)
+
     def _seen(self, entries: list[Entry]) -> list[Entry]:
         # Every caller hands entries in id order (a stream read returns them so,
         # claim_from sorts): the last one is the highest.

@@ -82,3 +82,63 @@ async def test_a_stale_owner_writes_nothing_and_acknowledges_nothing(
 
     assert (await redis_client.xpending(keys.events(SHARD), DEFAULT_GROUP))["pending"] == 5
     assert sorted(await redis_client.keys(f"*{fleet_name}*")) == before
+
+
+async def test_a_save_reads_the_next_entries_for_its_consumer(
+    redis_client: redis.asyncio.Redis, fleet_name: str
+) -> None:
+    keys = Keys(fleet_name)
+    await redis_client.set(keys.shard_state(SHARD, "owner"), b"w1@1")
+    ids = await _pending_entries(redis_client, keys, 3)
+    later = [await redis_client.xadd(keys.events(SHARD), {"data": f"n{i}"}) for i in range(5)]
+    state, batch = _state_and_batch(ids, attempts=2)
+    store = ShardStateStore(redis_client, keys, SHARD, b"w1@1", consumer="w1")
+
+    ahead = await store.save(batch, state, read_next=4)
+
+    # The batch is acknowledged; the next four are read for w1 (pending to it), in order, with their fields.
+    assert [e.id for e in ahead] == later[:4]
+    assert [e.fields for e in ahead] == [{b"data": f"n{i}".encode()} for i in range(4)]
+    pending = await redis_client.xpending_range(keys.events(SHARD), DEFAULT_GROUP, "-", "+", 10)
+    assert [(p["message_id"], p["consumer"]) for p in pending] == [(i, b"w1") for i in later[:4]]
+    # Nothing more than asked for, and nothing once the stream is read to its end.
+    assert [e.id for e in await store.save(Batch(ack=[e.id for e in ahead]), state, read_next=4)] == later[4:]
+    assert await store.save(Batch(ack=later[4:]), state, read_next=4) == []
+    assert (await redis_client.xpending(keys.events(SHARD), DEFAULT_GROUP))["pending"] == 0
+
+
+async def test_a_fenced_save_reads_nothing(redis_client: redis.asyncio.Redis, fleet_name: str) -> None:
+    keys = Keys(fleet_name)
+    await redis_client.set(keys.shard_state(SHARD, "owner"), b"w2@2")
+    ids = await _pending_entries(redis_client, keys, 2)
+    await redis_client.xadd(keys.events(SHARD), {"data": "next"})
+    state, batch = _state_and_batch(ids, attempts=1)
+    store = ShardStateStore(redis_client, keys, SHARD, b"w1@1", consumer="w1")
+
+    with pytest.raises(Fenced):
+        await store.save(batch, state, read_next=10)
+
+    groups = await redis_client.xinfo_groups(keys.events(SHARD))
+    assert groups[0]["lag"] == 1  # the new entry was not delivered to anyone
+    assert (await redis_client.xpending(keys.events(SHARD), DEFAULT_GROUP))["pending"] == 2
+
+
+async def test_a_failed_read_ahead_does_not_fail_the_save(
+    redis_client: redis.asyncio.Redis, fleet_name: str
+) -> None:
+    keys = Keys(fleet_name)
+    await redis_client.set(keys.shard_state(SHARD, "owner"), b"w1@1")
+    ids = await _pending_entries(redis_client, keys, 2)
+    state, batch = _state_and_batch(ids, attempts=1)
+    # The group is gone (deleted by hand, say): the writes stand, the read finds nothing.
+    await redis_client.xgroup_destroy(keys.events(SHARD), DEFAULT_GROUP)
+    store = ShardStateStore(redis_client, keys, SHARD, b"w1@1", consumer="w1")
+
+    assert await store.save(batch, state, read_next=10) == []
+    assert await redis_client.hexists(keys.shard_state(SHARD, "attempts"), attempt_field("j1", "ds", 0, 0))
+
+
+async def test_reading_ahead_needs_a_consumer(redis_client: redis.asyncio.Redis, fleet_name: str) -> None:
+    store = ShardStateStore(redis_client, Keys(fleet_name), SHARD, b"w1@1")
+    with pytest.raises(ValueError, match="consumer"):
+        await store.save(Batch(ack=[b"1-1"]), ShardJobs(), read_next=1)
