@@ -84,6 +84,7 @@ class InFlightBoard:
         self._delay = delay
         self._pending: dict[str, bytes | None] = {}  # label -> record to write, or None: delete it
         self._written: set[str] = set()  # labels this board has in Redis (bounded by open work)
+        self._writing: set[str] = set()  # labels a flush is writing right now (may be in Redis)
         self._wake = asyncio.Event()
 
     def put(self, label: str, rec: InFlight) -> None:
@@ -93,7 +94,8 @@ class InFlightBoard:
 
     def drop(self, label: str) -> None:
         """Remove ``label`` (the work is done or handed on); returns None, never raises."""
-        if label in self._written:
+        # A record on its way (a flush under way) may land after this: delete it after it.
+        if label in self._written or label in self._writing:
             self._pending[label] = None
             self._wake.set()
         else:
@@ -114,6 +116,7 @@ class InFlightBoard:
         puts = {label: rec for label, rec in batch.items() if rec is not None}
         drops = [label for label, rec in batch.items() if rec is None]
         done = False
+        self._writing = set(puts)
         try:
             with redis_errors("update in-flight board"):
                 async with self._r.pipeline(transaction=False) as pipe:
@@ -128,6 +131,7 @@ class InFlightBoard:
         except TransientError as exc:
             log.info("in-flight board not updated", extra=kv(changes=len(batch), error=str(exc)))
         finally:
+            self._writing = set()
             if not done:
                 for label, rec in batch.items():
                     self._pending.setdefault(label, rec)

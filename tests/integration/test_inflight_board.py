@@ -104,3 +104,57 @@ async def _fields_are(r: redis.asyncio.Redis, key: str, fields: set[bytes]) -> b
         return set(await r.hkeys(key)) == fields
     except (redis.exceptions.ConnectionError, OSError):
         return False
+
+
+class _GatedPipelines:
+    """A client whose pipelines wait at ``execute`` until ``gate`` is set (``entered`` says one waits)."""
+
+    def __init__(self, real: redis.asyncio.Redis) -> None:
+        self._real = real
+        self.entered = asyncio.Event()
+        self.gate = asyncio.Event()
+
+    def pipeline(self, transaction: bool = True) -> _GatedPipeline:
+        return _GatedPipeline(self._real.pipeline(transaction=transaction), self)
+
+
+class _GatedPipeline:
+    def __init__(self, real: redis.asyncio.client.Pipeline, owner: _GatedPipelines) -> None:
+        self._real = real
+        self._owner = owner
+
+    async def __aenter__(self) -> _GatedPipeline:
+        await self._real.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._real.__aexit__(*exc)
+
+    def hset(self, *args: object, **kwargs: object) -> None:
+        self._real.hset(*args, **kwargs)  # type: ignore[arg-type]
+
+    def hdel(self, *args: object) -> None:
+        self._real.hdel(*args)  # type: ignore[arg-type]
+
+    async def execute(self) -> list[object]:
+        self._owner.entered.set()
+        await self._owner.gate.wait()
+        return await self._real.execute()
+
+
+async def test_work_that_ends_while_its_record_is_being_written_is_deleted_after_it(
+    redis_client: redis.asyncio.Redis, fleet_name: str
+) -> None:
+    keys = Keys(fleet_name)
+    gated = _GatedPipelines(redis_client)
+    board = InFlightBoard(gated, keys, 0, delay=0.05)  # type: ignore[arg-type]
+    key = keys.shard_state(0, BOARD)
+    board.put("commit|j|d", _rec("d"))
+    flushing = asyncio.create_task(board.flush())
+    await asyncio.wait_for(gated.entered.wait(), timeout=5)
+    board.drop("commit|j|d")  # the work ended while its "running" record is on its way
+    gated.gate.set()
+    assert await flushing
+    assert await redis_client.hexists(key, "commit|j|d")  # written: it was on its way...
+    assert await board.flush()
+    assert await redis_client.hlen(key) == 0  # ...and deleted by the next flush, never left behind
