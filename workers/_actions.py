@@ -99,6 +99,9 @@ class ActionsMixin:
     async def _save(self, batch: Batch) -> None:
         raise NotImplementedError
 
+    async def _save_change(self, job: str, change: Callable[[], Batch | None]) -> None:
+        raise NotImplementedError
+
     if TYPE_CHECKING:
         # Provided by OperatorRequestsMixin (declared for type checking only: a placeholder
         # here would hide it, as ShardRunner lists this mixin before that one).
@@ -317,22 +320,33 @@ class ActionsMixin:
         await self._locked(work.dataset, body)
 
     async def _set_status(self, job: str, dataset: str, status: Status, reason: str = "") -> None:
-        """Record a dataset's new status durably; end the job when all its datasets are done."""
-        meta = self.state.set_status(job, dataset, status, reason)
-        if meta is None:
-            return
-        self.state.jobs[job] = meta
-        batch = Batch(jobs={job})
-        result = self._result(job, dataset, status, reason)
-        if result is not None:
-            batch.results[(job, dataset)] = result
-        done = self.state.job_done(job)
-        if done is not None:
-            batch.drop_attempts.extend(attempt_fields(self.state, job))
-            self.state.end_job(job, done, time.time())
-            batch.jobs.discard(job)
-            batch.ended.add(job)
-        await self._save(batch)
+        """Record a dataset's new status durably; end the job when all its datasets are done.
+
+        The status, the result and the job's end are applied and saved under
+        the save lock, and put back should the save fail (see ``_save_change``).
+
+        Raises:
+            Fenced, TransientError: the save failed; nothing changed in memory.
+        """
+
+        def change() -> Batch | None:
+            meta = self.state.set_status(job, dataset, status, reason)
+            if meta is None:
+                return None
+            self.state.jobs[job] = meta
+            batch = Batch(jobs={job})
+            result = self._result(job, dataset, status, reason)
+            if result is not None:
+                batch.results[(job, dataset)] = result
+            done = self.state.job_done(job)
+            if done is not None:
+                batch.drop_attempts.extend(attempt_fields(self.state, job))
+                self.state.end_job(job, done, time.time())
+                batch.jobs.discard(job)
+                batch.ended.add(job)
+            return batch
+
+        await self._save_change(job, change)
 
     def _result(self, job: str, dataset: str, status: Status, reason: str) -> DatasetResult | None:
         """Return the outcome record the job's driver reads, for a status it waits for (else None)."""

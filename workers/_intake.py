@@ -10,6 +10,7 @@ import asyncio
 import functools
 import logging
 import time
+from collections.abc import Callable
 
 from shared import ConfigError, LockLost, TransientError
 from shared._logging import kv
@@ -27,7 +28,10 @@ from shared.queue import Entry, ShardConsumer, shard_of
 from ._context import WorkerContext
 from ._jobstate import (
     Action,
+    Attempt,
     Decision,
+    Ended,
+    JobMeta,
     ShardJobs,
     decide,
 )
@@ -227,3 +231,55 @@ class IntakeMixin:
         assert self.store is not None
         async with self._save_lock:
             await self.store.save(batch, self.state)
+
+    async def _save_change(self, job: str, change: Callable[[], Batch | None]) -> None:
+        """Apply ``change`` to ``job``'s records, then save the batch it returns; under the save lock.
+
+        Another save writes the metadata of the jobs it names as the state has
+        it: were the change applied before the lock is ours, a save queued
+        before it could write it (a dataset marked committed, say) ahead of the
+        change's own records (the result its driver reads, the job's end), and
+        a crash in between would lose them. ``change`` returns None when there
+        is nothing to save.
+
+        Raises:
+            Fenced, TransientError: as :meth:`ShardStateStore.save`; ``job``'s
+                records are then put back as they were, so that a retry makes
+                the same change again (the writes are idempotent).
+
+        Cancelled: ``job``'s records are put back too, then it is re-raised.
+        """
+        assert self.store is not None
+        async with self._save_lock:
+            before = _records_of(self.state, job)
+            try:
+                batch = change()
+                if batch is not None:
+                    await self.store.save(batch, self.state)
+            except BaseException:
+                _put_back(self.state, job, before)
+                raise
+
+
+_JobRecords = tuple[JobMeta | None, dict[tuple[str, str], dict[int, dict[int, Attempt]]], Ended | None]
+
+
+def _records_of(state: ShardJobs, job: str) -> _JobRecords:
+    """Return what ``state`` holds of ``job`` (its metadata, attempts and end), to put back later."""
+    attempts = {key: per_task for key, per_task in state.attempts.items() if key[0] == job}
+    return state.jobs.get(job), attempts, state.ended.get(job)
+
+
+def _put_back(state: ShardJobs, job: str, records: _JobRecords) -> None:
+    meta, attempts, ended = records
+    if meta is None:
+        state.jobs.pop(job, None)
+    else:
+        state.jobs[job] = meta
+    for key in [k for k in state.attempts if k[0] == job]:
+        del state.attempts[key]
+    state.attempts.update(attempts)
+    if ended is None:
+        state.ended.pop(job, None)
+    else:
+        state.ended[job] = ended

@@ -66,7 +66,7 @@ from ._jobstate import (
     Commit,
     ShardJobs,
 )
-from ._liveness import assume_alive, live_jobs, observe, timed_out
+from ._liveness import TimedOut, assume_alive, live_jobs, observe, timed_out
 from ._operator_requests import OperatorRequestsMixin
 from ._scheduling import SchedulingMixin
 from ._state_store import Batch, ShardStateStore
@@ -277,11 +277,15 @@ class ShardRunner(SchedulingMixin, IntakeMixin, ActionsMixin, OperatorRequestsMi
         self._seen = observe(self._seen, jobs, alive, now)
         max_duration = self.ctx.settings.worker.max_job_duration
         for out in timed_out(self.state, self._seen, now, max_duration=max_duration):
-            for abort in out.aborts():
-                meta = self.state.set_status(abort.job, abort.dataset, "aborting", abort.reason)
-                if meta is not None:
-                    self.state.jobs[abort.job] = meta
-            await self._save(Batch(jobs={out.job}))
+
+            def aborting(out: TimedOut = out) -> Batch:
+                for abort in out.aborts():
+                    meta = self.state.set_status(abort.job, abort.dataset, "aborting", abort.reason)
+                    if meta is not None:
+                        self.state.jobs[abort.job] = meta
+                return Batch(jobs={out.job})
+
+            await self._save_change(out.job, aborting)
             log.warning(
                 "job timed out",
                 extra=kv(shard=self.shard, job=out.job, datasets=list(out.datasets), reason=out.reason),

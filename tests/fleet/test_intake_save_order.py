@@ -1,5 +1,6 @@
-"""Intake judges and saves a batch under the shard's save lock: another save (an action
-recording a status) never writes decisions of a batch before that batch is durable.
+"""Every change of the shard's job state is applied and saved under the shard's save lock:
+no save ever writes a change (a batch's decisions, a dataset's new status) before
+the records that change comes with are durable.
 
 An action's save writes the metadata of the jobs it names as the in-memory
 state has it. Had intake applied a batch's decisions and then waited for the
@@ -13,12 +14,16 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
 import redis.asyncio
 
+from shared import TransientError
 from shared.events import JobStarted, StagedFile, TaskFinished
+from shared.queue import DEFAULT_GROUP
 from tests._support.wait import wait_for
+from workers._shard import ShardRunner
 
-from ._intake_fleet import inprocess_fleet
+from ._intake_fleet import InProcessFleet, inprocess_fleet
 
 
 async def _true(condition: bool) -> bool:
@@ -69,3 +74,66 @@ async def test_intake_applies_nothing_while_another_save_holds_the_lock(
             return (await redis_client.xpending(fleet.keys.events(0), "workers"))["pending"] == 0
 
         await wait_for(acknowledged, timeout=30, what="the batch saved and acknowledged")
+
+
+async def _open_job(fleet: InProcessFleet, runner: ShardRunner, job: str) -> None:
+    # A job that waits for its tasks: open, nothing commits it meanwhile.
+    await fleet.publisher.publish(JobStarted(job=job, datasets=["ds"], timeout_s=600, started_at=0))
+    await wait_for(lambda: _true(job in runner.state.jobs), timeout=30, what="job open")
+
+
+async def test_a_status_change_is_applied_only_once_the_save_lock_is_held(
+    redis_url: str, redis_client: redis.asyncio.Redis, fleet_name: str, tmp_path: Path
+) -> None:
+    async with inprocess_fleet(redis_url, redis_client, fleet_name, tmp_path / "store", shards=1) as fleet:
+        await wait_for(lambda: _true(0 in fleet.worker.running_shards), timeout=30, what="shard 0 running")
+        runner = fleet.worker._runners[0][0]
+        await wait_for(lambda: _true(runner.store is not None), timeout=30, what="session started")
+        await _open_job(fleet, runner, "j")
+        lock = _WatchedLock()
+        runner._save_lock = lock
+        async with lock:  # another save in flight: it must not find the new status in the state
+            lock.asked.clear()
+            change = asyncio.create_task(runner._set_status("j", "ds", "aborted", "test"))
+            await asyncio.wait_for(lock.asked.wait(), timeout=30)
+            assert runner.state.jobs["j"].datasets["ds"].status == "open"
+            assert "j" not in runner.state.ended
+        await change
+        assert "j" in runner.state.ended
+        ended = fleet.keys.shard_state(0, "ended")
+        assert await redis_client.hexists(ended, "j")
+        assert await redis_client.hexists(fleet.keys.job_result(0, "j"), "ds")
+
+
+async def test_a_status_change_whose_save_fails_is_put_back_and_made_again(
+    redis_url: str,
+    redis_client: redis.asyncio.Redis,
+    fleet_name: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async with inprocess_fleet(redis_url, redis_client, fleet_name, tmp_path / "store", shards=1) as fleet:
+        await wait_for(lambda: _true(0 in fleet.worker.running_shards), timeout=30, what="shard 0 running")
+        runner = fleet.worker._runners[0][0]
+        await wait_for(lambda: _true(runner.store is not None), timeout=30, what="session started")
+        await _open_job(fleet, runner, "j")
+        before = runner.state.jobs["j"]
+        store = runner.store
+        assert store is not None
+        real_save = store.save
+
+        async def failing_save(*args: object, **kwargs: object) -> list[object]:
+            raise TransientError("Redis went away")
+
+        monkeypatch.setattr(store, "save", failing_save)
+        with pytest.raises(TransientError):
+            await runner._set_status("j", "ds", "aborted", "test")
+        # Nothing of the change is left in memory: the job is open as before.
+        assert runner.state.jobs["j"] is before
+        assert "j" not in runner.state.ended
+        monkeypatch.setattr(store, "save", real_save)
+        await runner._set_status("j", "ds", "aborted", "test")  # the retry makes the change again
+        assert "j" not in runner.state.jobs and "j" in runner.state.ended
+        assert await redis_client.hexists(fleet.keys.shard_state(0, "ended"), "j")
+        assert not await redis_client.hexists(fleet.keys.shard_state(0, "jobs"), "j")
+        assert (await redis_client.xpending(fleet.keys.events(0), DEFAULT_GROUP))["pending"] == 0
