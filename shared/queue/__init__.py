@@ -10,7 +10,7 @@ from ._cluster import wait_replicated
 from ._connect import connect, connect_sync, redis_errors
 from ._consumer import DEFAULT_GROUP, ConsumerInfo, ShardConsumer, ShardLag, Trimmed, trim_acknowledged
 from ._dead_letters import DeadLetter, cap_dead_letters, count_dead_letters, read_dead_letters
-from ._entry import Entry, as_text, entries_from_raw, id_key
+from ._entry import Entry, as_text, entries_from_raw, entries_from_reply, id_key
 from ._fleet_meta import (
     DEFAULT_SHARDS,
     FleetMeta,
@@ -64,6 +64,7 @@ __all__ = [
     "trim_acknowledged",
     "Entry",
     "entries_from_raw",
+    "entries_from_reply",
     "FleetMeta",
     "Keys",
     "ShardConsumer",

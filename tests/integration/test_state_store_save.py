@@ -1,4 +1,5 @@
-"""The shard state save: one atomic script that writes and acknowledges only for the owner."""
+"""The shard state save: one atomic script that writes and acknowledges only for the owner,
+with the next batch read behind it in the same round trip."""
 
 from __future__ import annotations
 
@@ -107,20 +108,27 @@ async def test_a_save_reads_the_next_entries_for_its_consumer(
     assert (await redis_client.xpending(keys.events(SHARD), DEFAULT_GROUP))["pending"] == 0
 
 
-async def test_a_fenced_save_reads_nothing(redis_client: redis.asyncio.Redis, fleet_name: str) -> None:
+async def test_a_fenced_save_writes_nothing_and_what_its_read_took_goes_to_the_owner(
+    redis_client: redis.asyncio.Redis, fleet_name: str
+) -> None:
     keys = Keys(fleet_name)
     await redis_client.set(keys.shard_state(SHARD, "owner"), b"w2@2")
     ids = await _pending_entries(redis_client, keys, 2)
-    await redis_client.xadd(keys.events(SHARD), {"data": "next"})
+    nxt = await redis_client.xadd(keys.events(SHARD), {"data": "next"})
     state, batch = _state_and_batch(ids, attempts=1)
     store = ShardStateStore(redis_client, keys, SHARD, b"w1@1", consumer="w1")
 
-    with pytest.raises(Fenced):
+    with pytest.raises(Fenced, match="w2@2"):
         await store.save(batch, state, read_next=10)
 
-    groups = await redis_client.xinfo_groups(keys.events(SHARD))
-    assert groups[0]["lag"] == 1  # the new entry was not delivered to anyone
-    assert (await redis_client.xpending(keys.events(SHARD), DEFAULT_GROUP))["pending"] == 2
+    # Nothing written, nothing acknowledged: the batch and the entry the read
+    # took are all pending to w1, as after a frozen worker's read...
+    assert not await redis_client.exists(keys.shard_state(SHARD, "attempts"))
+    pending = await redis_client.xpending_range(keys.events(SHARD), DEFAULT_GROUP, "-", "+", 10)
+    assert [(p["message_id"], p["consumer"]) for p in pending] == [(i, b"w1") for i in [*ids, nxt]]
+    # ...and the owner takes them over (what its session start and every tick do).
+    owner = ShardConsumer(redis_client, keys, SHARD, consumer="w2")
+    assert [e.id for e in await owner.claim_from(["w1"])] == [*ids, nxt]
 
 
 async def test_a_failed_read_ahead_does_not_fail_the_save(
@@ -142,3 +150,20 @@ async def test_reading_ahead_needs_a_consumer(redis_client: redis.asyncio.Redis,
     store = ShardStateStore(redis_client, Keys(fleet_name), SHARD, b"w1@1")
     with pytest.raises(ValueError, match="consumer"):
         await store.save(Batch(ack=[b"1-1"]), ShardJobs(), read_next=1)
+
+
+async def test_a_save_with_a_read_loads_its_script_when_redis_lost_it(
+    redis_client: redis.asyncio.Redis, fleet_name: str
+) -> None:
+    keys = Keys(fleet_name)
+    await redis_client.set(keys.shard_state(SHARD, "owner"), b"w1@1")
+    ids = await _pending_entries(redis_client, keys, 2)
+    later = [await redis_client.xadd(keys.events(SHARD), {"data": f"n{i}"}) for i in range(2)]
+    state, batch = _state_and_batch(ids, attempts=1)
+    store = ShardStateStore(redis_client, keys, SHARD, b"w1@1", consumer="w1")
+    await redis_client.script_flush()  # as after a restart of Redis: the script's SHA is unknown
+
+    assert [e.id for e in await store.save(batch, state, read_next=5)] == later
+    assert await redis_client.hexists(keys.shard_state(SHARD, "attempts"), attempt_field("j1", "ds", 0, 0))
+    pending = await redis_client.xpending_range(keys.events(SHARD), DEFAULT_GROUP, "-", "+", 10)
+    assert [p["message_id"] for p in pending] == later
