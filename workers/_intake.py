@@ -7,10 +7,11 @@ Mixed into :class:`workers._shard.ShardRunner`; the runner owns the state and th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 from shared import ConfigError, LockLost, TransientError
 from shared._logging import kv
@@ -35,7 +36,8 @@ from ._jobstate import (
     ShardJobs,
     decide,
 )
-from ._state_store import Batch, ShardStateStore
+from ._save_pipe import send_save
+from ._state_store import Batch, Prepared, ShardStateStore
 
 log = logging.getLogger("workers.shard")
 
@@ -43,6 +45,10 @@ log = logging.getLogger("workers.shard")
 # hand. The guarded part of intake does no I/O, so none should arise there; if
 # a later change lets one through, it must still end the session, not an entry.
 _NOT_ABOUT_THE_ENTRY = (LockLost, TransientError, ConfigError)
+
+# Batches one run of saves sent ahead takes at most before the session loop has
+# its turn again (its tick: takeovers, liveness, operator requests).
+_RUN = 16
 
 # A SHA-256 per event was a measurable part of intake; a fleet sees few
 # dataset names again and again. Bounded like the validation memo.
@@ -66,6 +72,7 @@ class IntakeMixin:
     store: ShardStateStore | None
     stopping: asyncio.Event
     _save_lock: asyncio.Lock
+    _save_wanted: int
     _consumer: ShardConsumer
 
     async def _schedule(self, work: Action) -> None:
@@ -160,7 +167,6 @@ class IntakeMixin:
 
         Cancellation: what was not saved stays pending and is read again.
         """
-        ctx = self.ctx
         # Judged and saved under the save lock: another save (an action's status
         # change) writes the metadata of the jobs it names as the state has it, and
         # must never write decisions of this batch before this batch's own save
@@ -169,14 +175,92 @@ class IntakeMixin:
             batch, todo, rejected, duplicates = await self._judge_all(entries)
             assert self.store is not None
             ahead = await self.store.save(batch, self.state, read_next=read_next)
-        ctx.counters.add("intake", len(entries))
-        if rejected:
-            ctx.counters.add("rejected", rejected)
-        if duplicates:
-            ctx.counters.add("duplicates", duplicates)
+        self._count(len(entries), rejected, duplicates)
         for action in todo:
             await self._schedule(action)
         return self._consumer.took(ahead)
+
+    async def _process_ahead(self, entries: list[Entry], size: int) -> list[Entry]:
+        """Process ``entries`` (a full batch) and the backlog behind it, each batch judged while
+        Redis runs the save of the one before (``workers._save_pipe``).
+
+        The save lock is held for the whole run: until a save is durable the
+        decisions of its batch are in the state, and no other save may write
+        them. The run ends after ``_RUN`` batches, at the end of the backlog,
+        or when an action waits to save, the shard stops or every in-flight
+        slot is taken. Its actions are scheduled after it (scheduling waits
+        for a slot, which an action frees only after its own save).
+
+        Returns:
+            Entries read and not judged yet (pending to us): the caller
+            processes them, like those read by a save.
+
+        Raises:
+            Fenced, TransientError: as :meth:`_process`; what was not saved
+                stays pending, and the session's next start reloads the state.
+
+        Cancellation: the save on the wire is dropped (its outcome unknown:
+            it is atomic and idempotent); what was not saved stays pending.
+        """
+        store = self.store
+        assert store is not None
+        todo: list[Action] = []
+        tally = [0, 0, 0]  # judged, rejected, duplicates
+        held: list[Entry] = []
+        async with self._save_lock:
+            prep = await self._judge_prepared(entries, todo, tally)
+            # Two batches read: one to judge while the next save runs.
+            sent = await send_save(store, prep, 2 * size)
+            try:
+                rounds = 1
+                while True:
+                    nxt, held = held[:size], held[size:]
+                    after = await self._judge_prepared(nxt, todo, tally) if nxt else None
+                    new = self._consumer.took(await sent.result())
+                    held += new
+                    if after is None and held:  # the run's first save: nothing was judged meanwhile
+                        nxt, held = held[:size], held[size:]
+                        after = await self._judge_prepared(nxt, todo, tally)
+                    if after is None:
+                        break
+                    rounds += 1
+                    more = (
+                        len(new) >= sent.asked
+                        and rounds < _RUN
+                        and not self.stopping.is_set()
+                        and not self._save_wanted
+                        and not self.ctx.inflight.locked()
+                    )
+                    sent = await send_save(store, after, size if more else 0)
+                    if not more:
+                        await sent.result()  # nothing read
+                        break
+            except BaseException:
+                await sent.abandon()
+                raise
+        self._count(*tally)
+        for action in todo:
+            await self._schedule(action)
+        return held
+
+    async def _judge_prepared(self, entries: list[Entry], todo: list[Action], tally: list[int]) -> Prepared:
+        """Judge ``entries`` (see :meth:`_judge_all`), add their actions to ``todo`` and their
+        figures to ``tally``; return their save, encoded now."""
+        batch, actions, rejected, duplicates = await self._judge_all(entries)
+        todo += actions
+        tally[0] += len(entries)
+        tally[1] += rejected
+        tally[2] += duplicates
+        assert self.store is not None
+        return self.store.prepare(batch, self.state)
+
+    def _count(self, judged: int, rejected: int, duplicates: int) -> None:
+        counters = self.ctx.counters
+        counters.add("intake", judged)
+        if rejected:
+            counters.add("rejected", rejected)
+        if duplicates:
+            counters.add("duplicates", duplicates)
 
     async def _judge_all(self, entries: list[Entry]) -> tuple[Batch, list[Action], int, int]:
         """Return the batch to save, the actions to run after it, and how many entries
@@ -227,9 +311,23 @@ class IntakeMixin:
                 )
             )
 
+    @contextlib.asynccontextmanager
+    async def _save_turn(self) -> AsyncIterator[None]:
+        """Hold the save lock, counted in ``_save_wanted`` while waiting for it (a run of
+        saves sent ahead ends early for it). Cancelled while waiting: re-raised, nothing held."""
+        self._save_wanted += 1
+        try:
+            await self._save_lock.acquire()
+        finally:
+            self._save_wanted -= 1
+        try:
+            yield
+        finally:
+            self._save_lock.release()
+
     async def _save(self, batch: Batch) -> None:
         assert self.store is not None
-        async with self._save_lock:
+        async with self._save_turn():
             await self.store.save(batch, self.state)
 
     async def _save_change(self, job: str, change: Callable[[], Batch | None]) -> None:
@@ -250,7 +348,7 @@ class IntakeMixin:
         Cancelled: ``job``'s records are put back too, then it is re-raised.
         """
         assert self.store is not None
-        async with self._save_lock:
+        async with self._save_turn():
             before = _records_of(self.state, job)
             try:
                 batch = change()

@@ -95,6 +95,7 @@ class ShardRunner(SchedulingMixin, IntakeMixin, ActionsMixin, OperatorRequestsMi
         self._running: set[tuple[object, ...]] = set()
         self._ds_locks = DatasetLocks()
         self._save_lock = asyncio.Lock()
+        self._save_wanted = 0  # saves waiting for the lock (see IntakeMixin._save_turn)
         self._tasks: set[asyncio.Task[None]] = set()
         self._last_tick = 0.0
         self._last_trim = 0.0
@@ -204,7 +205,10 @@ class ShardRunner(SchedulingMixin, IntakeMixin, ActionsMixin, OperatorRequestsMi
                 # A full batch says there is a backlog: its save reads the next one
                 # (same round trip), unless the shard is stopping or has no room.
                 more = len(entries) >= size and not self.stopping.is_set() and not ctx.inflight.locked()
-                ahead = await self._process(entries, read_next=size if more else 0)
+                if more and self.store is not None and self.store.sends_ahead:
+                    ahead = await self._process_ahead(entries, size)
+                else:
+                    ahead = await self._process(entries, read_next=size if more else 0)
             if time.monotonic() - self._last_tick >= TICK_S:
                 self._last_tick = time.monotonic()
                 await self._tick()

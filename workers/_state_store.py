@@ -170,6 +170,14 @@ class Batch:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """One save, encoded (:meth:`ShardStateStore.prepare`): the save script's keys and arguments."""
+
+    keys: list[str]
+    args: list[bytes | str | int]
+
+
 class ShardStateStore:
     """Loads and saves one shard's job state, fenced by the shard's owner token."""
 
@@ -189,7 +197,7 @@ class ShardStateStore:
         ``consumer``: the name :meth:`save` reads ahead for (the shard consumer's)."""
         if results_max < 1:
             raise ValueError("results_max must be >= 1")
-        self._consumer = consumer
+        self.consumer = consumer
         self._results_max = results_max
         self._r = redis_client
         # redis.wait_replicas: each save waits for that many replicas (docs/queue.md "Redis Cluster").
@@ -201,17 +209,19 @@ class ShardStateStore:
         self._jobs = keys.shard_state(shard, "jobs")
         self._attempts = keys.shard_state(shard, "attempts")
         self._ended = keys.shard_state(shard, "ended")
-        self._stream = keys.events(shard)
+        self.stream = keys.events(shard)
         self._fixed_keys = [
             self._owner,
             self._jobs,
             self._attempts,
             self._ended,
-            self._stream,
+            self.stream,
             keys.shard_state(shard, RESULTS_INDEX),
         ]
         self._result_prefix = keys.job_result(shard, "")
         self._save = redis_client.register_script(_SAVE_LUA)
+        self.redis = redis_client
+        self.script_sha: str = self._save.sha
 
     async def check_owner(self) -> None:
         """Return if the owner token is still ours; raise Fenced otherwise."""
@@ -294,10 +304,26 @@ class ShardStateStore:
                 the script is atomic, and every write here is idempotent; entries
                 read stay pending to the consumer).
         """
-        if read_next and not self._consumer:
+        if read_next and not self.consumer:
             raise ValueError("reading ahead needs the store's consumer name")
         if batch.empty():
             return []
+        prep = self.prepare(batch, state)
+        ahead: list[Entry] = []
+        with redis_errors("save shard state"):
+            if read_next:
+                reply, ahead = await self._save_and_read(prep, read_next)
+            else:
+                reply = await self.run_script(prep)
+        self.check_saved(reply)
+        if self._wait[0]:
+            with redis_errors("wait for replicas of the shard state"):
+                await wait_replicated(self._r, self._keys.shard_state(self.shard, "wait"), *self._wait)
+        return ahead
+
+    def prepare(self, batch: Batch, state: ShardJobs) -> Prepared:
+        """Return the save of ``batch`` encoded now: job metadata and ends as ``state`` has them
+        at this call (a later change of ``state`` is not in it). Never raises."""
         jobs: list[str] = []
         for j in batch.jobs:
             meta = state.jobs.get(j)
@@ -324,32 +350,36 @@ class ShardStateStore:
         keys = [*self._fixed_keys, *(self._keys.job_result(self.shard, job) for job in per_job)]
         args: list[bytes | str | int] = [self.token, DEFAULT_GROUP, RESULT_RETENTION_S, blob]
         args += [self._results_max, int(time.time() * 1000), self._result_prefix]
-        ahead: list[Entry] = []
-        with redis_errors("save shard state"):
-            if read_next:
-                reply, ahead = await self._save_and_read(keys, args, read_next)
-            else:
-                reply = await self._save(keys=keys, args=args)
+        return Prepared(keys, args)
+
+    async def run_script(self, prep: Prepared) -> object:
+        """Run the save script (loading it first when Redis lost it); return its reply (see ``check_saved``).
+
+        Raises: a redis-py error (callers map it with ``redis_errors``)."""
+        return await self._save(keys=prep.keys, args=prep.args)
+
+    def check_saved(self, reply: object) -> None:
+        """Return if the save script's ``reply`` says it wrote; raise Fenced when it found another owner."""
         if reply != 1:
             raise Fenced(f"shard {self.shard} is now owned by {reply!r}, not {self.token!r}")
-        if self._wait[0]:
-            with redis_errors("wait for replicas of the shard state"):
-                await wait_replicated(self._r, self._keys.shard_state(self.shard, "wait"), *self._wait)
-        return ahead
 
-    async def _save_and_read(
-        self, keys: list[str], args: list[bytes | str | int], count: int
-    ) -> tuple[object, list[Entry]]:
+    @property
+    def sends_ahead(self) -> bool:
+        """True when a save can be sent ahead (``workers._save_pipe``): a plain Redis client, a
+        consumer to read for, and no wait for replicas after each save."""
+        return bool(self.consumer) and not self._wait[0] and isinstance(self._r, redis.asyncio.Redis)
+
+    async def _save_and_read(self, prep: Prepared, count: int) -> tuple[object, list[Entry]]:
         """Return the save script's reply and the entries of an XREADGROUP sent right behind it.
 
         Raises: the script's own error (a redis-py exception); a failed read is an empty list.
         """
         async with self._r.pipeline(transaction=False) as pipe:
-            pipe.evalsha(self._save.sha, len(keys), *keys, *args)
-            pipe.xreadgroup(DEFAULT_GROUP, self._consumer, {self._stream: ">"}, count=count)
+            pipe.evalsha(self._save.sha, len(prep.keys), *prep.keys, *prep.args)
+            pipe.xreadgroup(DEFAULT_GROUP, self.consumer, {self.stream: ">"}, count=count)
             saved, read = await pipe.execute(raise_on_error=False)
         if isinstance(saved, rx.NoScriptError):  # Redis restarted or flushed its scripts
-            saved = await self._save(keys=keys, args=args)  # loads it; the writes are idempotent
+            saved = await self.run_script(prep)  # loads it; the writes are idempotent
         elif isinstance(saved, BaseException):
             raise saved
         return saved, [] if isinstance(read, BaseException) else entries_from_reply(read)
