@@ -13,15 +13,19 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis.asyncio
 
 from shared import TransientError
 from shared.events import JobStarted, StagedFile, TaskFinished
-from shared.queue import DEFAULT_GROUP
+from shared.queue import DEFAULT_GROUP, AsyncPublisher, ensure_fleet
 from tests._support.wait import wait_for
+from workers import _intake
+from workers._intake import IntakeMixin
 from workers._shard import ShardRunner
+from workers._state_store import Batch
 
 from ._intake_fleet import InProcessFleet, inprocess_fleet
 
@@ -137,3 +141,49 @@ async def test_a_status_change_whose_save_fails_is_put_back_and_made_again(
         assert await redis_client.hexists(fleet.keys.shard_state(0, "ended"), "j")
         assert not await redis_client.hexists(fleet.keys.shard_state(0, "jobs"), "j")
         assert (await redis_client.xpending(fleet.keys.events(0), DEFAULT_GROUP))["pending"] == 0
+
+
+async def test_a_run_of_saves_sent_ahead_gives_way_to_a_waiting_save(
+    redis_url: str,
+    redis_client: redis.asyncio.Redis,
+    fleet_name: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under a backlog intake holds the save lock for a run of batches (workers._save_pipe);
+    an action that waits to save ends the run at its next batch instead of its 16th."""
+    size = 10
+    await ensure_fleet(redis_client, fleet_name, 1)
+    pub = AsyncPublisher(redis_client, fleet_name, 1)
+    await pub.publish(JobStarted(job="j", datasets=["ds"], timeout_s=600, started_at=0))
+    files = [StagedFile(path="part-0", size=1)]
+    await pub.publish_many(
+        TaskFinished(job="j", dataset="ds", task=i, attempt=0, files=files, finished_at=0)
+        for i in range(20_000)
+    )
+    judged = 0
+    run_started = asyncio.Event()
+    real_judge, real_send = IntakeMixin._judge_prepared, _intake.send_save
+
+    async def counting_judge(self: IntakeMixin, *args: Any) -> Any:
+        nonlocal judged
+        judged += 1
+        return await real_judge(self, *args)
+
+    async def watching_send(store: Any, prep: Any, read_next: int) -> Any:
+        if read_next == 2 * size:
+            run_started.set()  # a run's first save: the run goes on for up to 16 batches
+        return await real_send(store, prep, read_next)
+
+    monkeypatch.setattr(IntakeMixin, "_judge_prepared", counting_judge)
+    monkeypatch.setattr(_intake, "send_save", watching_send)
+    async with inprocess_fleet(
+        redis_url, redis_client, fleet_name, tmp_path / "store", shards=1, worker={"read_batch": size}
+    ) as fleet:
+        await asyncio.wait_for(run_started.wait(), timeout=30)
+        runner = fleet.worker._runners[0][0]
+        before = judged
+        await runner._save_change("j", lambda: Batch(jobs={"j"}))
+        assert judged - before <= 3
+        lag = (await redis_client.xinfo_groups(fleet.keys.events(0)))[0]["lag"]
+        assert lag and lag > 0  # the backlog was still there: the save did not wait for it
