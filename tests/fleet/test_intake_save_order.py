@@ -34,6 +34,14 @@ async def _true(condition: bool) -> bool:
     return condition
 
 
+async def _session_runner(fleet: InProcessFleet) -> ShardRunner:
+    """Return shard 0's runner once its session has started."""
+    await wait_for(lambda: _true(0 in fleet.worker.running_shards), timeout=30, what="shard 0 running")
+    runner = fleet.worker._runners[0][0]
+    await wait_for(lambda: _true(runner.store is not None), timeout=30, what="session started")
+    return runner
+
+
 class _WatchedLock(asyncio.Lock):
     """An asyncio lock that tells when somebody starts waiting for it."""
 
@@ -50,9 +58,7 @@ async def test_intake_applies_nothing_while_another_save_holds_the_lock(
     redis_url: str, redis_client: redis.asyncio.Redis, fleet_name: str, tmp_path: Path
 ) -> None:
     async with inprocess_fleet(redis_url, redis_client, fleet_name, tmp_path / "store", shards=1) as fleet:
-        await wait_for(lambda: _true(0 in fleet.worker.running_shards), timeout=30, what="shard 0 running")
-        runner = fleet.worker._runners[0][0]
-        await wait_for(lambda: _true(runner.store is not None), timeout=30, what="session started")
+        runner = await _session_runner(fleet)
         lock = _WatchedLock()
         runner._save_lock = lock
         async with lock:  # another save in flight
@@ -90,9 +96,7 @@ async def test_a_status_change_is_applied_only_once_the_save_lock_is_held(
     redis_url: str, redis_client: redis.asyncio.Redis, fleet_name: str, tmp_path: Path
 ) -> None:
     async with inprocess_fleet(redis_url, redis_client, fleet_name, tmp_path / "store", shards=1) as fleet:
-        await wait_for(lambda: _true(0 in fleet.worker.running_shards), timeout=30, what="shard 0 running")
-        runner = fleet.worker._runners[0][0]
-        await wait_for(lambda: _true(runner.store is not None), timeout=30, what="session started")
+        runner = await _session_runner(fleet)
         await _open_job(fleet, runner, "j")
         lock = _WatchedLock()
         runner._save_lock = lock
@@ -117,9 +121,7 @@ async def test_a_status_change_whose_save_fails_is_put_back_and_made_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     async with inprocess_fleet(redis_url, redis_client, fleet_name, tmp_path / "store", shards=1) as fleet:
-        await wait_for(lambda: _true(0 in fleet.worker.running_shards), timeout=30, what="shard 0 running")
-        runner = fleet.worker._runners[0][0]
-        await wait_for(lambda: _true(runner.store is not None), timeout=30, what="session started")
+        runner = await _session_runner(fleet)
         await _open_job(fleet, runner, "j")
         before = runner.state.jobs["j"]
         store = runner.store
