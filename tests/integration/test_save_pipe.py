@@ -11,26 +11,18 @@ from shared import Fenced
 from shared.queue import DEFAULT_GROUP, Keys, ShardConsumer
 from workers._jobstate import ShardJobs, attempt_field
 from workers._save_pipe import send_save
-from workers._state_store import Batch, ShardStateStore
+from workers._state_store import Batch
 
-from .test_state_store_save import _pending_entries, _state_and_batch
+from .test_state_store_save import owned_backlog
 
 SHARD = 3
-
-
-async def _later(r: redis.asyncio.Redis, keys: Keys, n: int) -> list[bytes]:
-    return [await r.xadd(keys.events(SHARD), {"data": f"n{i}"}) for i in range(n)]
 
 
 async def test_a_save_sent_ahead_writes_acknowledges_and_reads_behind_it(
     redis_client: redis.asyncio.Redis, fleet_name: str
 ) -> None:
     keys = Keys(fleet_name)
-    await redis_client.set(keys.shard_state(SHARD, "owner"), b"w1@1")
-    ids = await _pending_entries(redis_client, keys, 3)
-    later = await _later(redis_client, keys, 5)
-    state, batch = _state_and_batch(ids, attempts=2)
-    store = ShardStateStore(redis_client, keys, SHARD, b"w1@1", consumer="w1")
+    store, state, batch, _, later = await owned_backlog(redis_client, keys, pending=3, later=5, attempts=2)
     assert store.sends_ahead
 
     sent = await send_save(store, store.prepare(batch, state), 4)
@@ -53,11 +45,9 @@ async def test_a_fenced_save_sent_ahead_writes_nothing(
     redis_client: redis.asyncio.Redis, fleet_name: str
 ) -> None:
     keys = Keys(fleet_name)
-    await redis_client.set(keys.shard_state(SHARD, "owner"), b"w2@2")
-    ids = await _pending_entries(redis_client, keys, 2)
-    nxt = await _later(redis_client, keys, 1)
-    state, batch = _state_and_batch(ids, attempts=1)
-    store = ShardStateStore(redis_client, keys, SHARD, b"w1@1", consumer="w1")
+    store, state, batch, ids, nxt = await owned_backlog(
+        redis_client, keys, owner=b"w2@2", pending=2, later=1, attempts=1
+    )
 
     sent = await send_save(store, store.prepare(batch, state), 10)
     with pytest.raises(Fenced, match="w2@2"):
@@ -72,11 +62,7 @@ async def test_a_save_sent_ahead_loads_its_script_when_redis_lost_it(
     redis_client: redis.asyncio.Redis, fleet_name: str
 ) -> None:
     keys = Keys(fleet_name)
-    await redis_client.set(keys.shard_state(SHARD, "owner"), b"w1@1")
-    ids = await _pending_entries(redis_client, keys, 2)
-    later = await _later(redis_client, keys, 2)
-    state, batch = _state_and_batch(ids, attempts=1)
-    store = ShardStateStore(redis_client, keys, SHARD, b"w1@1", consumer="w1")
+    store, state, batch, _, later = await owned_backlog(redis_client, keys, pending=2, later=2, attempts=1)
     await redis_client.script_flush()
 
     sent = await send_save(store, store.prepare(batch, state), 5)
@@ -93,10 +79,7 @@ async def test_a_save_whose_replies_are_not_read_gives_its_connection_back_close
     redis_client: redis.asyncio.Redis, fleet_name: str, how: str
 ) -> None:
     keys = Keys(fleet_name)
-    await redis_client.set(keys.shard_state(SHARD, "owner"), b"w1@1")
-    ids = await _pending_entries(redis_client, keys, 2)
-    state, batch = _state_and_batch(ids, attempts=1)
-    store = ShardStateStore(redis_client, keys, SHARD, b"w1@1", consumer="w1")
+    store, state, batch, ids, _ = await owned_backlog(redis_client, keys, pending=2, attempts=1)
     before = _in_use(redis_client)
 
     # Writes paused: the save's reply cannot come before we give up on it.

@@ -3,6 +3,8 @@ with the next batch read behind it in the same round trip."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import pytest
 import redis.asyncio
 
@@ -36,6 +38,34 @@ def _state_and_batch(ids: list[bytes], attempts: int) -> tuple[ShardJobs, Batch]
     batch.results[("j0", "ds")] = DatasetResult(status="committed", files=1)
     batch.results[("j0", "other")] = DatasetResult(status="aborted", reason="failed")
     return state, batch
+
+
+class Backlog(NamedTuple):
+    """A shard's store for consumer w1, a batch of pending entries to save, and newer entries."""
+
+    store: ShardStateStore
+    state: ShardJobs
+    batch: Batch
+    ids: list[bytes]
+    later: list[bytes]
+
+
+async def owned_backlog(
+    r: redis.asyncio.Redis,
+    keys: Keys,
+    *,
+    owner: bytes = b"w1@1",
+    pending: int = 2,
+    later: int = 0,
+    attempts: int = 1,
+) -> Backlog:
+    """Return w1's store with ``pending`` entries read (batched with ``attempts`` attempt records)
+    and ``later`` entries added after them; the shard is owned by ``owner``."""
+    await r.set(keys.shard_state(SHARD, "owner"), owner)
+    ids = await _pending_entries(r, keys, pending)
+    newer = [await r.xadd(keys.events(SHARD), {"data": f"n{i}"}) for i in range(later)]
+    state, batch = _state_and_batch(ids, attempts=attempts)
+    return Backlog(ShardStateStore(r, keys, SHARD, b"w1@1", consumer="w1"), state, batch, ids, newer)
 
 
 async def test_the_owner_writes_everything_and_acknowledges_in_one_save(
@@ -89,11 +119,7 @@ async def test_a_save_reads_the_next_entries_for_its_consumer(
     redis_client: redis.asyncio.Redis, fleet_name: str
 ) -> None:
     keys = Keys(fleet_name)
-    await redis_client.set(keys.shard_state(SHARD, "owner"), b"w1@1")
-    ids = await _pending_entries(redis_client, keys, 3)
-    later = [await redis_client.xadd(keys.events(SHARD), {"data": f"n{i}"}) for i in range(5)]
-    state, batch = _state_and_batch(ids, attempts=2)
-    store = ShardStateStore(redis_client, keys, SHARD, b"w1@1", consumer="w1")
+    store, state, batch, _, later = await owned_backlog(redis_client, keys, pending=3, later=5, attempts=2)
 
     ahead = await store.save(batch, state, read_next=4)
 
@@ -112,11 +138,9 @@ async def test_a_fenced_save_writes_nothing_and_what_its_read_took_goes_to_the_o
     redis_client: redis.asyncio.Redis, fleet_name: str
 ) -> None:
     keys = Keys(fleet_name)
-    await redis_client.set(keys.shard_state(SHARD, "owner"), b"w2@2")
-    ids = await _pending_entries(redis_client, keys, 2)
-    nxt = await redis_client.xadd(keys.events(SHARD), {"data": "next"})
-    state, batch = _state_and_batch(ids, attempts=1)
-    store = ShardStateStore(redis_client, keys, SHARD, b"w1@1", consumer="w1")
+    store, state, batch, ids, nxt = await owned_backlog(
+        redis_client, keys, owner=b"w2@2", pending=2, later=1, attempts=1
+    )
 
     with pytest.raises(Fenced, match="w2@2"):
         await store.save(batch, state, read_next=10)
@@ -125,10 +149,10 @@ async def test_a_fenced_save_writes_nothing_and_what_its_read_took_goes_to_the_o
     # took are all pending to w1, as after a frozen worker's read...
     assert not await redis_client.exists(keys.shard_state(SHARD, "attempts"))
     pending = await redis_client.xpending_range(keys.events(SHARD), DEFAULT_GROUP, "-", "+", 10)
-    assert [(p["message_id"], p["consumer"]) for p in pending] == [(i, b"w1") for i in [*ids, nxt]]
+    assert [(p["message_id"], p["consumer"]) for p in pending] == [(i, b"w1") for i in [*ids, *nxt]]
     # ...and the owner takes them over (what its session start and every tick do).
     owner = ShardConsumer(redis_client, keys, SHARD, consumer="w2")
-    assert [e.id for e in await owner.claim_from(["w1"])] == [*ids, nxt]
+    assert [e.id for e in await owner.claim_from(["w1"])] == [*ids, *nxt]
 
 
 async def test_a_failed_read_ahead_does_not_fail_the_save(
@@ -156,11 +180,7 @@ async def test_a_save_with_a_read_loads_its_script_when_redis_lost_it(
     redis_client: redis.asyncio.Redis, fleet_name: str
 ) -> None:
     keys = Keys(fleet_name)
-    await redis_client.set(keys.shard_state(SHARD, "owner"), b"w1@1")
-    ids = await _pending_entries(redis_client, keys, 2)
-    later = [await redis_client.xadd(keys.events(SHARD), {"data": f"n{i}"}) for i in range(2)]
-    state, batch = _state_and_batch(ids, attempts=1)
-    store = ShardStateStore(redis_client, keys, SHARD, b"w1@1", consumer="w1")
+    store, state, batch, _, later = await owned_backlog(redis_client, keys, pending=2, later=2, attempts=1)
     await redis_client.script_flush()  # as after a restart of Redis: the script's SHA is unknown
 
     assert [e.id for e in await store.save(batch, state, read_next=5)] == later
