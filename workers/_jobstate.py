@@ -52,7 +52,11 @@ STATE_VERSION = 1
 A record with another version sets the shard aside (workers/_state_store.py)."""
 
 
-class Attempt(msgspec.Struct, frozen=True, kw_only=True):
+# gc=False: the state keeps one per task attempt of every open job, and the
+# cyclic collector traversed each of them (and the dict holding it) again and
+# again; an Attempt refers only to files and numbers, so it can never be part of
+# a cycle. commitfleet bench: intake CPU per event 5.45 -> 5.0 us (medians).
+class Attempt(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """One finished task attempt as recorded (``seq`` = arrival order on the shard)."""
 
     v: int = STATE_VERSION
