@@ -381,3 +381,4 @@ def _put_back(state: ShardJobs, job: str, records: _JobRecords) -> None:
         state.ended.pop(job, None)
     else:
         state.ended[job] = ended
+    state.tally.forget(job)

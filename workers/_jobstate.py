@@ -39,6 +39,8 @@ from shared.events import (
     TaskFinished,
 )
 
+from ._tally import TaskTally, satisfies
+
 Status = Literal[
     "open", "waiting", "committing", "committed", "aborting", "aborted", "quarantined", "blocked"
 ]
@@ -170,6 +172,7 @@ class ShardJobs:
         self.attempts: dict[tuple[str, str], dict[int, dict[int, Attempt]]] = {}
         self.ended: dict[str, Ended] = {}
         self.seq = 0
+        self.tally = TaskTally()  # tasks in per waiting dataset (a cache, see workers._tally)
 
     def load_attempt(self, job: str, dataset: str, rec: Attempt) -> None:
         """Add a persisted attempt record (at shard start)."""
@@ -179,6 +182,8 @@ class ShardJobs:
         per_attempt = per_task.get(rec.task)
         if per_attempt is None:
             per_attempt = per_task[rec.task] = {}
+        if self.tally:  # before the record goes in: the tally compares with what was there
+            self.tally.added(job, dataset, rec.task, rec.attempt, per_attempt)
         per_attempt[rec.attempt] = rec
         if rec.seq > self.seq:  # not max(): called once per event, and a builtin call costs more
             self.seq = rec.seq
@@ -206,6 +211,7 @@ class ShardJobs:
         self.jobs.pop(job, None)
         for key in [k for k in self.attempts if k[0] == job]:
             del self.attempts[key]
+        self.tally.forget(job)
         self.ended[job] = Ended(status=status, at=now)
 
     def winners(self, job: str, dataset: str) -> list[Attempt] | None:
@@ -323,25 +329,32 @@ def _task_finished(
         task=ev.task, attempt=ev.attempt, files=ev.files, watermarks=ev.watermarks, seq=state.seq + 1
     )
     actions: tuple[Action, ...] = ()
-    if ds.status == "waiting" and ds.expected is not None:
-        tasks = dict(state.attempts.get((ev.job, ev.dataset), {}))
-        tasks[ev.task] = {**seen, ev.attempt: rec}
-        if _complete(ds.expected, tasks):
-            ds = msgspec.structs.replace(ds, status="committing")
-            meta = msgspec.structs.replace(meta, datasets={**meta.datasets, ev.dataset: ds})
-            actions = (Commit(job=ev.job, dataset=ev.dataset),)
+    exp = ds.expected
+    if ds.status == "waiting" and exp is not None:
+        # Counted, not scanned, per event (workers._tally); the full check runs
+        # once, when the count says this attempt brings the last task in.
+        tally = state.tally.count(ev.job, ev.dataset, exp, per_task or _NO_TASKS)
+        if tally + satisfies(exp, ev.task, ev.attempt, seen) == exp.tasks:
+            tasks = dict(per_task or _NO_TASKS)
+            tasks[ev.task] = {**seen, ev.attempt: rec}
+            if _complete(exp, tasks):
+                ds = msgspec.structs.replace(ds, status="committing")
+                meta = msgspec.structs.replace(meta, datasets={**meta.datasets, ev.dataset: ds})
+                actions = (Commit(job=ev.job, dataset=ev.dataset),)
     return Decision(job=meta, attempt=(ev.dataset, rec), actions=actions)
 
 
-# What a task with no recorded attempt has seen (read-only: shared by every lookup).
+# What a task with no recorded attempt has seen, and a dataset with none
+# (read-only: shared by every lookup).
 _NO_ATTEMPTS: Mapping[int, Attempt] = MappingProxyType({})
+_NO_TASKS: Mapping[int, Mapping[int, Attempt]] = MappingProxyType({})
 
 
 def _cleanup(ev: TaskFinished) -> CleanupAttempt:
     return CleanupAttempt(job=ev.job, dataset=ev.dataset, task=ev.task, attempt=ev.attempt)
 
 
-def _complete(exp: DatasetExpectation, tasks: dict[int, dict[int, Attempt]]) -> bool:
+def _complete(exp: DatasetExpectation, tasks: Mapping[int, Mapping[int, Attempt]]) -> bool:
     for t in range(exp.tasks):
         seen = tasks.get(t)
         if not seen:
