@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import redis.asyncio
 import redis.exceptions as rx
 from redis.asyncio.connection import AbstractConnection, ConnectionPool
 
@@ -81,10 +80,7 @@ class SentSave:
                 raise
             self._conn = None
             await self._pool.release(conn)
-            if isinstance(saved, rx.NoScriptError):  # Redis restarted or flushed its scripts
-                saved = await self._store.run_script(self._prep)  # loads it; the writes are idempotent
-            elif isinstance(saved, BaseException):
-                raise saved
+            saved = await self._store.settle(self._prep, saved)
         self._store.check_saved(saved)
         return entries_from_raw(_rows(read))
 
@@ -109,10 +105,9 @@ async def send_save(store: ShardStateStore, prep: Prepared, read_next: int) -> S
 
     Cancelled: the connection is closed; whether the save ran is unknown.
     """
-    client = store.redis
-    if not store.sends_ahead or not isinstance(client, redis.asyncio.Redis):
+    if not store.sends_ahead:
         raise TypeError("this shard state store saves one batch at a time")
-    pool = client.connection_pool
+    pool = store.redis.connection_pool
     commands: list[tuple[str | bytes | int, ...]] = [
         ("EVALSHA", store.script_sha, len(prep.keys), *prep.keys, *prep.args)
     ]

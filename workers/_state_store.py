@@ -199,7 +199,7 @@ class ShardStateStore:
             raise ValueError("results_max must be >= 1")
         self.consumer = consumer
         self._results_max = results_max
-        self._r = redis_client
+        self.redis = redis_client
         # redis.wait_replicas: each save waits for that many replicas (docs/queue.md "Redis Cluster").
         self._wait = (wait_replicas, wait_timeout)
         self._keys = keys
@@ -220,13 +220,12 @@ class ShardStateStore:
         ]
         self._result_prefix = keys.job_result(shard, "")
         self._save = redis_client.register_script(_SAVE_LUA)
-        self.redis = redis_client
         self.script_sha: str = self._save.sha
 
     async def check_owner(self) -> None:
         """Return if the owner token is still ours; raise Fenced otherwise."""
         with redis_errors("GET owner"):
-            current = await self._r.get(self._owner)
+            current = await self.redis.get(self._owner)
         if current != self.token:
             raise Fenced(f"shard {self.shard} is now owned by {current!r}, not {self.token!r}")
 
@@ -259,7 +258,7 @@ class ShardStateStore:
     async def _hash(self, key: str) -> dict[bytes | str, bytes | str]:
         with redis_errors("load shard state"):
             try:
-                return dict(await self._r.hgetall(key))
+                return dict(await self.redis.hgetall(key))
             except rx.ResponseError as exc:
                 if not str(exc).startswith("WRONGTYPE"):
                     raise
@@ -318,7 +317,7 @@ class ShardStateStore:
         self.check_saved(reply)
         if self._wait[0]:
             with redis_errors("wait for replicas of the shard state"):
-                await wait_replicated(self._r, self._keys.shard_state(self.shard, "wait"), *self._wait)
+                await wait_replicated(self.redis, self._keys.shard_state(self.shard, "wait"), *self._wait)
         return ahead
 
     def prepare(self, batch: Batch, state: ShardJobs) -> Prepared:
@@ -358,6 +357,19 @@ class ShardStateStore:
         Raises: a redis-py error (callers map it with ``redis_errors``)."""
         return await self._save(keys=prep.keys, args=prep.args)
 
+    async def settle(self, prep: Prepared, reply: object) -> object:
+        """Return the reply of ``prep``'s script sent without raising on errors (a pipeline's):
+        as it was, or from running the script again when Redis did not know it (NOSCRIPT:
+        restarted, or its scripts flushed; the writes are idempotent).
+
+        Raises: the script's own error (a redis-py exception; callers map it with ``redis_errors``).
+        """
+        if isinstance(reply, rx.NoScriptError):
+            return await self.run_script(prep)  # loads it first
+        if isinstance(reply, BaseException):
+            raise reply
+        return reply
+
     def check_saved(self, reply: object) -> None:
         """Return if the save script's ``reply`` says it wrote; raise Fenced when it found another owner."""
         if reply != 1:
@@ -367,29 +379,26 @@ class ShardStateStore:
     def sends_ahead(self) -> bool:
         """True when a save can be sent ahead (``workers._save_pipe``): a plain Redis client, a
         consumer to read for, and no wait for replicas after each save."""
-        return bool(self.consumer) and not self._wait[0] and isinstance(self._r, redis.asyncio.Redis)
+        return bool(self.consumer) and not self._wait[0] and isinstance(self.redis, redis.asyncio.Redis)
 
     async def _save_and_read(self, prep: Prepared, count: int) -> tuple[object, list[Entry]]:
         """Return the save script's reply and the entries of an XREADGROUP sent right behind it.
 
         Raises: the script's own error (a redis-py exception); a failed read is an empty list.
         """
-        async with self._r.pipeline(transaction=False) as pipe:
-            pipe.evalsha(self._save.sha, len(prep.keys), *prep.keys, *prep.args)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.evalsha(self.script_sha, len(prep.keys), *prep.keys, *prep.args)
             pipe.xreadgroup(DEFAULT_GROUP, self.consumer, {self.stream: ">"}, count=count)
             saved, read = await pipe.execute(raise_on_error=False)
-        if isinstance(saved, rx.NoScriptError):  # Redis restarted or flushed its scripts
-            saved = await self.run_script(prep)  # loads it; the writes are idempotent
-        elif isinstance(saved, BaseException):
-            raise saved
-        return saved, [] if isinstance(read, BaseException) else entries_from_reply(read)
+        ahead = [] if isinstance(read, BaseException) else entries_from_reply(read)
+        return await self.settle(prep, saved), ahead
 
     async def forget_ended(self, jobs: Iterable[str]) -> None:
         """Drop the records of ended jobs past their retention."""
         names = list(jobs)
         if names:
             with redis_errors("HDEL ended"):
-                await self._r.hdel(self._ended, *names)
+                await self.redis.hdel(self._ended, *names)
 
 
 def attempt_fields(state: ShardJobs, job: str) -> Sequence[str]:
