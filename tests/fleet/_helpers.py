@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from shared import Settings, load_settings
 from shared.commit import AuditReport, audit, read_manifest
 from shared.events import (
     AdminEvent,
+    Committed,
     DatasetExpectation,
     JobFailed,
     JobFinished,
@@ -25,6 +27,7 @@ from shared.events import (
 )
 from shared.queue import Keys, read_admin_range
 from shared.storage import ObjectStore
+from tests._support.wait import wait_for
 
 
 def fleet_settings(redis_url: str, root: Path, fleet: str, *, shards: int = 8, **extra: Any) -> Settings:
@@ -125,6 +128,29 @@ async def failed_job(store: ObjectStore, job: str, datasets: Iterable[str], task
 async def admin_events(r: redis.asyncio.Redis, fleet: str) -> list[AdminEvent]:
     """Return every admin event so far."""
     return [ev for _id, ev in await read_admin_range(r, Keys(fleet))]
+
+
+async def commit_counts(r: redis.asyncio.Redis, fleet: str) -> Counter[tuple[str, str]]:
+    """Return how many ``committed`` events each (dataset, job) has on the admin stream."""
+    return Counter((e.dataset, e.job) for e in await admin_events(r, fleet) if isinstance(e, Committed))
+
+
+async def assert_committed_once(r: redis.asyncio.Redis, fleet: str, expected: set[tuple[str, str]]) -> None:
+    """Assert that every commit of ``expected``, and nothing else, is announced, each once.
+
+    A worker announces a commit after its sequence ended (the WAL deleted), so
+    a test that waited for the store can be ahead of the admin stream: the
+    announcements are waited for (60 s), then checked.
+    """
+
+    async def announced() -> bool:
+        return expected <= set(await commit_counts(r, fleet))
+
+    await wait_for(announced, timeout=60, what="every commit announced")
+    counts = await commit_counts(r, fleet)
+    assert set(counts) == expected
+    dup = {k: n for k, n in counts.items() if n != 1}
+    assert not dup, f"committed more than once: {dup}"
 
 
 async def committed(store: ObjectStore, datasets: Iterable[str], job: str) -> bool:

@@ -7,17 +7,22 @@ long ones (more datasets, higher fault rates).
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any
 
 import pytest
 
 from shared.commit import audit
-from shared.events import Committed
 from tests._support.redis_server import RedisServer
 from tests._support.wait import wait_for
 
-from ._helpers import admin_events, committed, failed_job, good_job, no_staging_left, no_wal_left
+from ._helpers import (
+    assert_committed_once,
+    committed,
+    failed_job,
+    good_job,
+    no_staging_left,
+    no_wal_left,
+)
 from .conftest import Fleet
 
 
@@ -51,10 +56,7 @@ async def _exactly_once(fleet: Fleet, expected: set[tuple[str, str]]) -> None:
     rep = await audit(fleet.store)
     assert rep.ok, rep.violations[:20]
     assert rep.manifests == len(expected)
-    evs = await admin_events(fleet.redis, fleet.settings.fleet.name)
-    counts = Counter((e.dataset, e.job) for e in evs if isinstance(e, Committed))
-    assert set(counts) == expected
-    assert max(counts.values()) == 1
+    await assert_committed_once(fleet.redis, fleet.settings.fleet.name, expected)
 
 
 @pytest.fixture

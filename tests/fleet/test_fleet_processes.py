@@ -19,7 +19,6 @@ from shared.commit import audit
 from shared.events import (
     Aborted,
     CommitStarted,
-    Committed,
     JobCancelled,
     JobStarted,
     QueueEvent,
@@ -29,7 +28,17 @@ from shared.events import (
 from shared.queue import shard_of
 from tests._support.wait import wait_for
 
-from ._helpers import admin_events, committed, failed_job, good_job, no_staging_left, no_wal_left, stage_task
+from ._helpers import (
+    admin_events,
+    assert_committed_once,
+    committed,
+    failed_job,
+    good_job,
+    no_staging_left,
+    no_wal_left,
+    stage_task,
+)
+from ._helpers import commit_counts as committed_counts
 from .conftest import Fleet
 
 
@@ -50,21 +59,14 @@ async def cancelled_job(fleet: Fleet, job: str, datasets: list[str], tasks: int)
 
 
 async def commit_counts(fleet: Fleet) -> Counter[tuple[str, str]]:
-    return Counter(
-        (e.dataset, e.job)
-        for e in await admin_events(fleet.redis, fleet.settings.fleet.name)
-        if isinstance(e, Committed)
-    )
+    return await committed_counts(fleet.redis, fleet.settings.fleet.name)
 
 
 async def assert_exactly_once(fleet: Fleet, expected_commits: set[tuple[str, str]]) -> None:
     await wait_for(lambda: no_wal_left(fleet.store), timeout=60, what="every commit sequence finished")
     rep = await audit(fleet.store)
     assert rep.ok, rep.violations[:20]
-    counts = await commit_counts(fleet)
-    assert set(counts) == expected_commits
-    dup = {k: n for k, n in counts.items() if n != 1}
-    assert not dup, f"committed more than once: {dup}"
+    await assert_committed_once(fleet.redis, fleet.settings.fleet.name, expected_commits)
 
 
 async def test_three_workers_200_datasets(fleet: Fleet) -> None:
