@@ -36,16 +36,27 @@ _ALL = "16384"  # slots
 
 
 def _info(port: int) -> dict[str, str]:
-    """Return the node's CLUSTER INFO and INFO replication fields."""
+    """Return the node's CLUSTER INFO and INFO replication fields, as text.
+
+    redis-py parses INFO into a dict (and may hand CLUSTER INFO back as text or
+    as a dict): both shapes are read, so that ``role`` and
+    ``master_link_status`` are really seen (reading the dict as text lost
+    them, and a replica whose master had just died counted as settled).
+    """
     r = redis.Redis(port=port, socket_timeout=2.0)
     try:
-        texts = [r.execute_command("CLUSTER", "INFO"), r.execute_command("INFO", "replication")]
+        replies = [r.execute_command("CLUSTER", "INFO"), r.execute_command("INFO", "replication")]
     finally:
         r.close()
     out: dict[str, str] = {}
-    for text in texts:
-        raw = text.decode() if isinstance(text, bytes) else str(text)
+    for reply in replies:
+        if isinstance(reply, dict):
+            out.update({str(k): v.decode() if isinstance(v, bytes) else str(v) for k, v in reply.items()})
+            continue
+        raw = reply.decode() if isinstance(reply, bytes) else str(reply)
         out.update(line.split(":", 1) for line in raw.split() if ":" in line)
+    if "role" not in out or "cluster_state" not in out:
+        raise RuntimeError(f"node {port}: CLUSTER INFO / INFO replication unreadable: {sorted(out)[:10]}")
     return out
 
 
@@ -132,11 +143,32 @@ class LocalRedisCluster:
             c.close()
 
     def kill_master_of(self, key: str) -> RedisServer:
-        """SIGKILL the master serving ``key``'s slot (its replica takes over); return its server."""
+        """SIGKILL the master serving ``key``'s slot (its replica takes over); return its server.
+
+        Call :meth:`wait_failover` before starting it again: a node that has no
+        data on disk and comes back before its replica was promoted is still
+        the slots' master, empty, and its replica then syncs the emptiness.
+        """
         port = self.master_port_of(key)
         server = next(s for s in self.servers if s.port == port)
         server.kill()
         return server
+
+    def wait_failover(self, key: str, killed: RedisServer, timeout: float = READY_TIMEOUT) -> None:
+        """Return once ``key``'s slot is served by a node other than ``killed`` (its replica was
+        promoted) and every live node is settled; fail the test after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if self.master_port_of(key) != killed.port and all(
+                    _settled(_info(s.port)) for s in self.live()
+                ):
+                    return
+            except redis.RedisError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"no replica of :{killed.port} promoted within {timeout}s", pytrace=False)
+            time.sleep(0.1)
 
     def stop(self) -> None:
         """Stop every node (by process group id)."""

@@ -99,7 +99,7 @@ async def test_master_killed_mid_run_loses_and_doubles_nothing_with_wait(
     two = await good_job(fleet.store, "two", second, tasks=4)
     async with asyncio.TaskGroup() as tg:
         publishing = tg.create_task(publisher.publish_many([*two, *cancel]))
-        await asyncio.to_thread(redis_cluster.wait_ok, 30)
+        await asyncio.to_thread(redis_cluster.wait_failover, keys.admin, killed, 30)
         promoted = time.monotonic() - started
         await asyncio.to_thread(killed.start)  # its nodes.conf makes it rejoin as a replica
         await asyncio.to_thread(redis_cluster.wait_ok, 30)
@@ -112,15 +112,34 @@ async def test_master_killed_mid_run_loses_and_doubles_nothing_with_wait(
     await wait_for(lambda: committed(fleet.store, first, "one"), timeout=180, interval=0.5, what="job one")
     await wait_for(lambda: committed(fleet.store, second, "two"), timeout=180, interval=0.5, what="job two")
     for job in ("one", "two", "bad", "cancel"):
-        await wait_for(
-            lambda job=job: no_staging_left(fleet.store, job), timeout=60, what=f"{job} staging gone"
-        )
+        try:
+            await wait_for(
+                lambda job=job: no_staging_left(fleet.store, job), timeout=60, what=f"{job} staging gone"
+            )
+        except AssertionError:
+            left = [o.key async for o in fleet.store.list(f"_staging/{job}/")]
+            evs = [
+                e
+                for e in await admin_events(fleet.redis, fleet.settings.fleet.name)
+                if getattr(e, "job", "") == job
+            ]
+            raise AssertionError(f"{job} staging left: {left[:20]}; its admin events: {evs}") from None
+
+    aborted: Counter[tuple[str, str]] = Counter()
+    want = Counter({(ds, "bad"): 1 for ds in datasets[:10]} | {(ds, "cancel"): 1 for ds in datasets[10:20]})
 
     async def aborts_done() -> bool:
         evs = await admin_events(fleet.redis, fleet.settings.fleet.name)
-        return Counter(e.job for e in evs if isinstance(e, Aborted)) == Counter({"bad": 10, "cancel": 10})
+        aborted.clear()
+        aborted.update((e.dataset, e.job) for e in evs if isinstance(e, Aborted))
+        return aborted == want
 
-    await wait_for(aborts_done, timeout=60, what="20 aborted events, once each")
+    try:
+        await wait_for(aborts_done, timeout=60, what="20 aborted events, once each")
+    except AssertionError:
+        raise AssertionError(
+            f"aborted events: missing {sorted(want - aborted)}, extra {sorted(aborted - want)}"
+        ) from None
     expected = {(ds, "one") for ds in first} | {(ds, "two") for ds in second}
     await assert_exactly_once(fleet, expected)
     evs = await admin_events(fleet.redis, fleet.settings.fleet.name)
