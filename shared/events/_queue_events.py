@@ -78,7 +78,13 @@ DatasetList = Annotated[
 ]
 
 
-class StagedFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True, omit_defaults=True):
+# gc=False here and on the events: a decoded event refers only to strings,
+# numbers and containers built for it, never back to itself, so it can be in no
+# cycle; intake decodes several such objects per event, and tracking each one
+# made the collector run (and scan them) again and again.
+class StagedFile(
+    msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True, omit_defaults=True, gc=False
+):
     """One file a task attempt staged.
 
     ``path`` is relative to its attempt's staging folder
@@ -127,7 +133,9 @@ class TableBinding(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
     mode: TableMode = "append"
 
 
-class _QueueEvent(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True, tag_field="type"):
+class _QueueEvent(
+    msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True, tag_field="type", gc=False
+):
     v: Version = SCHEMA_VERSION
     job: JobId
 
