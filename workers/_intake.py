@@ -365,32 +365,20 @@ _JobRecords = tuple[JobMeta | None, dict[tuple[str, str], dict[int, dict[int, At
 def _records_of(state: ShardJobs, job: str) -> _JobRecords:
     """Return what ``state`` holds of ``job`` (its metadata, attempts and end), to put back later.
 
-    A job's attempts are recorded under the datasets its metadata names, so
-    only those are looked up: a status change costs the job's datasets, not
-    every open dataset of the shard.
+    Only the job's own attempts are looked up (an index of the state): a
+    status change costs the job's datasets, not every open dataset of the shard.
     """
-    meta = state.jobs.get(job)
-    attempts = {}
-    for dataset in meta.datasets if meta is not None else ():
-        per_task = state.attempts.get((job, dataset))
-        if per_task is not None:
-            attempts[(job, dataset)] = per_task
-    return meta, attempts, state.ended.get(job)
+    return state.jobs.get(job), state.attempts_of(job), state.ended.get(job)
 
 
 def _put_back(state: ShardJobs, job: str, records: _JobRecords) -> None:
     meta, attempts, ended = records
-    now = state.jobs.get(job)
-    names = set(now.datasets if now is not None else ()) | set(meta.datasets if meta is not None else ())
     if meta is None:
         state.jobs.pop(job, None)
     else:
         state.jobs[job] = meta
-    for dataset in names:
-        state.attempts.pop((job, dataset), None)
-    state.attempts.update(attempts)
+    state.replace_attempts(job, attempts)
     if ended is None:
         state.ended.pop(job, None)
     else:
         state.ended[job] = ended
-    state.tally.forget(job)

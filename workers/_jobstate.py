@@ -173,12 +173,19 @@ class ShardJobs:
         self.ended: dict[str, Ended] = {}
         self.seq = 0
         self.tally = TaskTally()  # tasks in per waiting dataset (a cache, see workers._tally)
+        # job -> the datasets ``attempts`` has a key for: an index, so that a job's end or
+        # status change touches its own records, not every open dataset of the shard.
+        self._attempted: dict[str, set[str]] = {}
 
     def load_attempt(self, job: str, dataset: str, rec: Attempt) -> None:
-        """Add a persisted attempt record (at shard start)."""
+        """Add a persisted attempt record (at shard start, and for each decision applied)."""
         per_task = self.attempts.get((job, dataset))
         if per_task is None:
             per_task = self.attempts[(job, dataset)] = {}
+            names = self._attempted.get(job)
+            if names is None:
+                names = self._attempted[job] = set()
+            names.add(dataset)
         per_attempt = per_task.get(rec.task)
         if per_attempt is None:
             per_attempt = per_task[rec.task] = {}
@@ -206,12 +213,25 @@ class ShardJobs:
         ds = msgspec.structs.replace(meta.datasets[dataset], status=status, reason=reason)
         return msgspec.structs.replace(meta, datasets={**meta.datasets, dataset: ds})
 
+    def attempts_of(self, job: str) -> dict[tuple[str, str], dict[int, dict[int, Attempt]]]:
+        """Return ``job``'s entries of :attr:`attempts` (the same per-task dicts, not copies)."""
+        return {(job, d): self.attempts[(job, d)] for d in self._attempted.get(job, ())}
+
+    def replace_attempts(
+        self, job: str, records: dict[tuple[str, str], dict[int, dict[int, Attempt]]]
+    ) -> None:
+        """Make ``records`` (keys of ``job`` only, as :meth:`attempts_of` returns) ``job``'s attempts."""
+        for dataset in self._attempted.pop(job, ()):
+            del self.attempts[(job, dataset)]
+        if records:
+            self.attempts.update(records)
+            self._attempted[job] = {dataset for _job, dataset in records}
+        self.tally.forget(job)
+
     def end_job(self, job: str, status: str, now: float) -> None:
         """Forget an ended job's records, remembering that it ended."""
         self.jobs.pop(job, None)
-        for key in [k for k in self.attempts if k[0] == job]:
-            del self.attempts[key]
-        self.tally.forget(job)
+        self.replace_attempts(job, {})
         self.ended[job] = Ended(status=status, at=now)
 
     def winners(self, job: str, dataset: str) -> list[Attempt] | None:

@@ -405,8 +405,7 @@ def attempt_fields(state: ShardJobs, job: str) -> Sequence[str]:
     """Return the Redis hash fields of every attempt recorded for ``job``."""
     return [
         attempt_field(job, dataset, a.task, a.attempt)
-        for (j, dataset), per_task in state.attempts.items()
-        if j == job
+        for (_job, dataset), per_task in state.attempts_of(job).items()
         for per_attempt in per_task.values()
         for a in per_attempt.values()
     ]
