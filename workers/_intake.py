@@ -27,6 +27,7 @@ from shared.events import (
 from shared.queue import Entry, ShardConsumer, shard_of
 
 from ._context import WorkerContext
+from ._decide import decide
 from ._jobstate import (
     Action,
     Attempt,
@@ -34,7 +35,6 @@ from ._jobstate import (
     Ended,
     JobMeta,
     ShardJobs,
-    decide,
 )
 from ._save_pipe import send_save
 from ._state_store import Batch, Prepared, ShardStateStore

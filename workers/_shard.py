@@ -11,7 +11,7 @@ A :class:`ShardRunner` runs while the worker owns the shard. Its life:
 2. Intake: our own pending entries first, then new ones, in batches. Each
    entry is decoded and validated (a bad one goes to the dead-letter stream
    with its reason, and never stops the shard), folded into the job state
-   (``_jobstate.decide``) and made durable together with its
+   (``_decide.decide``) and made durable together with its
    acknowledgement (``ShardStateStore.save``). Only then do its actions run.
 3. Actions (commit / abort / clean up a late attempt) run as tasks owned by
    the runner, bounded by the worker-wide in-flight semaphore (intake waits

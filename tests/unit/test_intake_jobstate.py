@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shared.events import DatasetExpectation, JobFailed, JobFinished, JobStarted, StagedFile, TaskFinished
-from workers._jobstate import Commit, ShardJobs, decide
+from workers._decide import decide
+from workers._jobstate import Commit, ShardJobs
 
 
 def _tf(task: int, attempt: int = 0) -> TaskFinished:

@@ -12,7 +12,8 @@ from shared.events import (
     StagedFile,
     TaskFinished,
 )
-from workers._jobstate import Abort, CleanupAttempt, Commit, Decision, ShardJobs, decide
+from workers._decide import decide
+from workers._jobstate import Abort, CleanupAttempt, Commit, Decision, ShardJobs
 
 
 def _tf(task: int, attempt: int = 0, job: str = "j1", dataset: str = "d1") -> TaskFinished:

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from shared.events import JobStarted
 from shared.queue import DatasetResult, encode_result, heartbeat_interval, heartbeat_ttl
-from workers._jobstate import Abort, ShardJobs, decide
+from workers._decide import decide
+from workers._jobstate import Abort, ShardJobs
 from workers._liveness import TimedOut, assume_alive, live_jobs, observe, timed_out
 
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from shared.events import JobStarted, StagedFile, TaskFinished
+from workers._decide import decide
 from workers._intake import _put_back, _records_of
-from workers._jobstate import ShardJobs, decide
+from workers._jobstate import ShardJobs
 
 
 def _state() -> ShardJobs:

@@ -9,7 +9,8 @@ from shared._errors import ConfigError
 from shared.commit import CommitRequest, StagedFile, WinningAttempt, resolve_binding, table_step
 from shared.commit._catalog_ops import catalog_properties
 from shared.events import JobStarted, TableBinding, TaskFinished, published_key
-from workers._jobstate import ShardJobs, decide
+from workers._decide import decide
+from workers._jobstate import ShardJobs
 
 BOUND = {"orders": TableBinding(table="lake.sales.orders", mode="create")}
 

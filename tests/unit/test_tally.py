@@ -10,9 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shared.events import DatasetExpectation, JobFinished, JobStarted, StagedFile, TaskFinished
-from workers import _jobstate, _tally
+from workers import _decide, _tally
+from workers._decide import _complete, decide
 from workers._intake import _put_back, _records_of
-from workers._jobstate import Commit, ShardJobs, _complete, decide
+from workers._jobstate import Commit, ShardJobs
 
 FILES = [StagedFile(path="p", size=1)]
 
@@ -70,7 +71,7 @@ def test_the_count_commits_exactly_when_the_full_check_says_every_task_is_in(
 
 def test_the_work_per_event_does_not_grow_with_the_tasks(monkeypatch: pytest.MonkeyPatch) -> None:
     scanned = 0
-    real_complete, real_count = _jobstate._complete, _tally.count_in
+    real_complete, real_count = _decide._complete, _tally.count_in
 
     def complete(exp: DatasetExpectation, tasks: Any) -> bool:
         nonlocal scanned
@@ -82,7 +83,7 @@ def test_the_work_per_event_does_not_grow_with_the_tasks(monkeypatch: pytest.Mon
         scanned += len(tasks)
         return real_count(exp, tasks)
 
-    monkeypatch.setattr(_jobstate, "_complete", complete)
+    monkeypatch.setattr(_decide, "_complete", complete)
     monkeypatch.setattr(_tally, "count_in", count_in)
     n = 3000
     state = ShardJobs()
