@@ -181,7 +181,7 @@ class ShardJobs:
         per_attempt = per_task.get(rec.task)
         if per_attempt is None:
             per_attempt = per_task[rec.task] = {}
-        if self.tally:  # before the record goes in: the tally compares with what was there
+        if self.tally.counts:  # before the record goes in: the tally compares with what was there
             self.tally.added(job, dataset, rec.task, rec.attempt, per_attempt)
         per_attempt[rec.attempt] = rec
         if rec.seq > self.seq:  # not max(): called once per event, and a builtin call costs more

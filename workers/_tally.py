@@ -47,7 +47,9 @@ class TaskTally:
     """Tasks in per (job, dataset), each with the expectation it was counted against."""
 
     def __init__(self) -> None:
-        self._in: dict[tuple[str, str], tuple[DatasetExpectation, int]] = {}
+        # (job, dataset) -> (expectation, tasks in). Public for one reason: a caller on the
+        # per-event path tests it for emptiness (``len()`` would be a Python call); read only.
+        self.counts: dict[tuple[str, str], tuple[DatasetExpectation, int]] = {}
 
     def count(
         self, job: str, dataset: str, exp: DatasetExpectation, tasks: Mapping[int, Mapping[int, Any]]
@@ -55,27 +57,27 @@ class TaskTally:
         """Return how many of ``exp``'s tasks are in ``tasks`` (the dataset's attempts), from the
         entry when it was counted against this very expectation, else by counting (then kept)."""
         key = (job, dataset)
-        entry = self._in.get(key)
+        entry = self.counts.get(key)
         if entry is not None and entry[0] is exp:  # identity: comparing winners lists would cost a scan
             return entry[1]
         n = count_in(exp, tasks)
-        self._in[key] = (exp, n)
+        self.counts[key] = (exp, n)
         return n
 
     def added(self, job: str, dataset: str, task: int, attempt: int, before: Mapping[int, Any]) -> None:
         """Note ``attempt`` added to ``task`` of ``dataset``, whose attempts were ``before``."""
         key = (job, dataset)
-        entry = self._in.get(key)
+        entry = self.counts.get(key)
         if entry is not None and satisfies(entry[0], task, attempt, before):
-            self._in[key] = (entry[0], entry[1] + 1)
+            self.counts[key] = (entry[0], entry[1] + 1)
 
     def forget(self, job: str) -> None:
         """Drop every entry of ``job`` (its attempts changed other than by :meth:`added`)."""
-        for key in [k for k in self._in if k[0] == job]:
-            del self._in[key]
+        for key in [k for k in self.counts if k[0] == job]:
+            del self.counts[key]
 
     def __len__(self) -> int:
-        return len(self._in)
+        return len(self.counts)
 
 
 __all__ = ["TaskTally", "count_in", "satisfies"]
