@@ -50,6 +50,9 @@ class TaskTally:
         # (job, dataset) -> (expectation, tasks in). Public for one reason: a caller on the
         # per-event path tests it for emptiness (``len()`` would be a Python call); read only.
         self.counts: dict[tuple[str, str], tuple[DatasetExpectation, int]] = {}
+        # job -> its datasets with an entry: forget() touches the job's entries only (it runs at
+        # every job end, and a shard can have many datasets waiting for a straggler task).
+        self._datasets: dict[str, set[str]] = {}
 
     def count(
         self, job: str, dataset: str, exp: DatasetExpectation, tasks: Mapping[int, Mapping[int, Any]]
@@ -61,6 +64,8 @@ class TaskTally:
         if entry is not None and entry[0] is exp:  # identity: comparing winners lists would cost a scan
             return entry[1]
         n = count_in(exp, tasks)
+        if entry is None:
+            self._datasets.setdefault(job, set()).add(dataset)
         self.counts[key] = (exp, n)
         return n
 
@@ -73,8 +78,8 @@ class TaskTally:
 
     def forget(self, job: str) -> None:
         """Drop every entry of ``job`` (its attempts changed other than by :meth:`added`)."""
-        for key in [k for k in self.counts if k[0] == job]:
-            del self.counts[key]
+        for dataset in self._datasets.pop(job, ()):
+            del self.counts[(job, dataset)]
 
     def __len__(self) -> int:
         return len(self.counts)

@@ -13,7 +13,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.events import StagedFile
+from shared.events import DatasetExpectation, StagedFile
 from workers._intake import _put_back, _records_of
 from workers._jobstate import Attempt, ShardJobs
 from workers._state_store import attempt_fields
@@ -86,7 +86,13 @@ def test_a_job_end_and_a_put_back_look_up_only_the_jobs_datasets() -> None:
         state.load_attempt(f"other{i}", "a", _rec(0, 0, i + 1))
     state.load_attempt("j", "a", _rec(0, 0, 500))
     state.load_attempt("j", "b", _rec(0, 0, 501))
+    # Datasets waiting for a straggler task: the tally keeps a count for each.
+    exp = DatasetExpectation(tasks=2)
+    for i in range(200):
+        state.tally.count(f"other{i}", "a", exp, state.attempts[(f"other{i}", "a")])
+    assert state.tally.count("j", "a", exp, state.attempts[("j", "a")]) == 1
     state.attempts = _NoScan(dict.items(state.attempts))
+    state.tally.counts = _NoScan(dict.items(state.tally.counts))
 
     assert sorted(attempt_fields(state, "j")) == ["j/a/0/0", "j/b/0/0"]
     records = _records_of(state, "j")
@@ -96,3 +102,5 @@ def test_a_job_end_and_a_put_back_look_up_only_the_jobs_datasets() -> None:
     assert ("j", "b") in state.attempts
     state.end_job("j", "aborted", 2.0)
     assert dict.__len__(state.attempts) == 200
+    assert dict.__len__(state.tally.counts) == 200  # the job's count forgotten, the others kept
+    assert ("j", "a") not in state.tally.counts
