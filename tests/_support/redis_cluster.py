@@ -19,7 +19,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -66,6 +66,21 @@ def _settled(info: dict[str, str]) -> bool:
     return ok and (info.get("role") != "slave" or info.get("master_link_status") == "up")
 
 
+def _poll(ready: Callable[[], bool], timeout: float, what: str) -> None:
+    """Return once ``ready()`` is true (a Redis error counts as not yet); fail the test with
+    ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if ready():
+                return
+        except redis.RedisError:
+            pass
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} within {timeout}s", pytrace=False)
+        time.sleep(0.1)
+
+
 @dataclass
 class LocalRedisCluster:
     """Six cluster-enabled ``redis-server`` processes joined into one cluster."""
@@ -108,17 +123,7 @@ class LocalRedisCluster:
 
     def wait_ok(self, timeout: float = READY_TIMEOUT) -> None:
         """Return once every live node says ``cluster_state:ok`` (all 16384 slots) and replicas are synced."""
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                infos = [_info(s.port) for s in self.live()]
-                if all(_settled(i) for i in infos):
-                    return
-            except redis.RedisError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"redis cluster not ok within {timeout}s", pytrace=False)
-            time.sleep(0.1)
+        _poll(lambda: all(_settled(_info(s.port)) for s in self.live()), timeout, "redis cluster not ok")
 
     def client(self) -> redis.cluster.RedisCluster:
         """Return a blocking cluster client (the caller closes it)."""
@@ -157,18 +162,13 @@ class LocalRedisCluster:
     def wait_failover(self, key: str, killed: RedisServer, timeout: float = READY_TIMEOUT) -> None:
         """Return once ``key``'s slot is served by a node other than ``killed`` (its replica was
         promoted) and every live node is settled; fail the test after ``timeout`` seconds."""
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                if self.master_port_of(key) != killed.port and all(
-                    _settled(_info(s.port)) for s in self.live()
-                ):
-                    return
-            except redis.RedisError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"no replica of :{killed.port} promoted within {timeout}s", pytrace=False)
-            time.sleep(0.1)
+        _poll(
+            lambda: (
+                self.master_port_of(key) != killed.port and all(_settled(_info(s.port)) for s in self.live())
+            ),
+            timeout,
+            f"no replica of :{killed.port} promoted",
+        )
 
     def stop(self) -> None:
         """Stop every node (by process group id)."""
