@@ -21,6 +21,7 @@ from shared.events import (
     MessageRejected,
     QueueEvent,
     TaskFinished,
+    ValidationLimits,
     decode_entry,
     event_datasets,
 )
@@ -78,8 +79,8 @@ class IntakeMixin:
     async def _schedule(self, work: Action) -> None:
         raise NotImplementedError
 
-    def _mine(self, ev: QueueEvent) -> QueueEvent:
-        """Return ``ev`` when every dataset it names belongs to this shard.
+    def _mine(self, ev: QueueEvent, shards: int) -> QueueEvent:
+        """Return ``ev`` when every dataset it names belongs to this shard (of ``shards``).
 
         A producer sends each shard a copy naming only that shard's datasets
         (docs/contract.md), so an event naming another shard's dataset is
@@ -88,7 +89,6 @@ class IntakeMixin:
         Raises:
             InvalidMessage: ``inconsistent``.
         """
-        shards = self.ctx.settings.fleet.shards
         if type(ev) is TaskFinished:  # most events: one dataset, no list to build
             if _route(ev.dataset, shards) == self.shard:
                 return ev
@@ -110,8 +110,15 @@ class IntakeMixin:
             )
         return ev
 
-    def _judge(self, entry: Entry, now: float) -> Decision | InvalidMessage:
+    def _judge(
+        self, entry: Entry, now: float, limits: ValidationLimits, stream: str, timeout: float, shards: int
+    ) -> Decision | InvalidMessage:
         """Return what one entry does to the shard's job state, or why it is rejected.
+
+        ``limits``, ``stream``, ``timeout`` and ``shards`` are the worker's
+        validation limits, the shard's stream, the default job timeout and the
+        fleet's shard count, looked up by the caller once per batch: looked up
+        here, per event, they were 4% of intake's instructions.
 
         Pure (no I/O, nothing changed): decode, validate, route, decide. Total:
         an error nobody expected while judging one entry is that entry's
@@ -128,11 +135,9 @@ class IntakeMixin:
                     "deleted", "the entry was trimmed or deleted while pending: no content left"
                 )
             ev = self._mine(
-                decode_entry(
-                    entry.fields, limits=self.ctx.limits, stream=self._consumer.stream, entry_id=entry.id
-                )
+                decode_entry(entry.fields, limits=limits, stream=stream, entry_id=entry.id), shards
             )
-            d = decide(self.state, ev, now=now, default_timeout=self.ctx.settings.worker.job_timeout)
+            d = decide(self.state, ev, now=now, default_timeout=timeout)
         except InvalidMessage as exc:
             return exc
         except _NOT_ABOUT_THE_ENTRY:
@@ -271,8 +276,11 @@ class IntakeMixin:
         rejected = duplicates = 0
         # Bound once: this loop runs per event.
         judge, apply, acked, attempts = self._judge, self.state.apply, batch.ack.append, batch.attempts
+        add_job = batch.jobs.add
+        limits, stream, settings = self.ctx.limits, self._consumer.stream, self.ctx.settings
+        timeout, shards = settings.worker.job_timeout, settings.fleet.shards
         for entry in entries:
-            d = judge(entry, now)
+            d = judge(entry, now, limits, stream, timeout, shards)
             if isinstance(d, InvalidMessage):
                 await self._reject(entry, d)
                 rejected += 1
@@ -280,7 +288,7 @@ class IntakeMixin:
             apply(d)
             job = d.job
             if job is not None:
-                batch.jobs.add(job.job)
+                add_job(job.job)
                 if d.attempt is not None:
                     ds, rec = d.attempt
                     attempts[(job.job, ds, rec.task, rec.attempt)] = rec
