@@ -64,6 +64,10 @@ class ValidationLimits:
     # Names already accepted: a fleet sees few datasets and jobs, and two
     # regexes per message are a good part of the validation cost. Bounded.
     _accepted: dict[str, None] = field(init=False, repr=False, compare=False, default_factory=dict)
+    # Job ids accepted, apart from the dataset names: a job id is looked up as it
+    # came (its hash, computed here, is then reused by every later lookup of the
+    # same string), where a prefixed key was a new string, copied and hashed per event.
+    _accepted_jobs: dict[str, None] = field(init=False, repr=False, compare=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.max_message_bytes < 1:
@@ -120,20 +124,23 @@ class ValidationLimits:
         Raises:
             InvalidMessage: ``bad_job``.
         """
-        key = "\x00" + job  # never equal to a dataset name in the same memo
-        if key in self._accepted:
+        if job in self._accepted_jobs:
             return job
         try:
             check_job(job)
         except InvalidMessage as exc:
             raise InvalidMessage("bad_job", f"{exc.detail} - at `$.job`") from None
-        self._remember(key)
+        _remember(self._accepted_jobs, job)
         return job
 
     def _remember(self, key: str) -> None:
-        if len(self._accepted) >= _MEMO_SIZE:
-            self._accepted.clear()
-        self._accepted[key] = None
+        _remember(self._accepted, key)
+
+
+def _remember(memo: dict[str, None], key: str) -> None:
+    if len(memo) >= _MEMO_SIZE:
+        memo.clear()
+    memo[key] = None
 
 
 def _check_dataset_list(names: Iterable[str], limits: ValidationLimits) -> None:
