@@ -331,8 +331,7 @@ class ShardStateStore:
         attempts: list[str] = []
         add, encode = attempts.extend, _enc.encode  # per event: bound once
         for (job, dataset, task, number), attempt in batch.attempts.items():
-            # attempt_field(), spelled out: this runs per event.
-            add((f"{job}/{dataset}/{task}/{number}", encode(attempt).decode()))
+            add((attempt_field(job, dataset, task, number), encode(attempt).decode()))
         ended: list[str] = []
         ended_names: list[str] = []
         for j in batch.ended:
