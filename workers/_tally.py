@@ -81,8 +81,5 @@ class TaskTally:
         for dataset in self._datasets.pop(job, ()):
             del self.counts[(job, dataset)]
 
-    def __len__(self) -> int:
-        return len(self.counts)
-
 
 __all__ = ["TaskTally", "count_in", "satisfies"]

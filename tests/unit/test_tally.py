@@ -102,6 +102,6 @@ def test_a_job_that_ends_forgets_its_counts() -> None:
     _apply(state, JobStarted(job="j", datasets=["ds"], timeout_s=60.0, started_at=0.0))
     _apply(state, _finished(3, None))
     _apply(state, _task(0))
-    assert len(state.tally) == 1
+    assert len(state.tally.counts) == 1
     state.end_job("j", "aborted", 0.0)
-    assert len(state.tally) == 0
+    assert len(state.tally.counts) == 0
