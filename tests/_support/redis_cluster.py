@@ -123,7 +123,10 @@ class LocalRedisCluster:
 
     def wait_ok(self, timeout: float = READY_TIMEOUT) -> None:
         """Return once every live node says ``cluster_state:ok`` (all 16384 slots) and replicas are synced."""
-        _poll(lambda: all(_settled(_info(s.port)) for s in self.live()), timeout, "redis cluster not ok")
+        _poll(self._all_settled, timeout, "redis cluster not ok")
+
+    def _all_settled(self) -> bool:
+        return all(_settled(_info(s.port)) for s in self.live())
 
     def client(self) -> redis.cluster.RedisCluster:
         """Return a blocking cluster client (the caller closes it)."""
@@ -163,9 +166,7 @@ class LocalRedisCluster:
         """Return once ``key``'s slot is served by a node other than ``killed`` (its replica was
         promoted) and every live node is settled; fail the test after ``timeout`` seconds."""
         _poll(
-            lambda: (
-                self.master_port_of(key) != killed.port and all(_settled(_info(s.port)) for s in self.live())
-            ),
+            lambda: self.master_port_of(key) != killed.port and self._all_settled(),
             timeout,
             f"no replica of :{killed.port} promoted",
         )
