@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import sys
+from collections.abc import Coroutine, Generator
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 async def cancel_until_done(task: asyncio.Future[Any], *, every_s: float = 0.2) -> None:
@@ -38,8 +42,24 @@ def raise_if_cancelling() -> None:
         raise asyncio.CancelledError
 
 
+# How often an aborting group cancels again a child that is still running.
+RECANCEL_S = 0.2
+
+
 class TaskGroup(asyncio.TaskGroup):  # noqa: TID251 - the one subclass
-    """``asyncio.TaskGroup`` that never leaves a cancel request on its parent task.
+    """``asyncio.TaskGroup`` that ends even when a child loses its cancellation,
+    and never leaves a cancel request on its parent task.
+
+    A group that aborts (its body raised or was cancelled, or a child failed)
+    cancels each child once and waits for them all. On Python 3.11 a
+    cancellation that lands as a redis-py command completes is dropped inside
+    that command's ``wait_for`` (see :func:`cancel_until_done`): the child goes
+    on, a loop goes on for good, and the group, and every task above it, waits
+    forever (a worker's shard runner hung so, its shard assigned to it and
+    served by nobody). So while it aborts, this group cancels its unfinished
+    children again every ``RECANCEL_S`` seconds until they have ended. A child
+    that a body cancels on its own while the group is NOT aborting is that
+    body's to see through: :func:`cancel_until_done`.
 
     On Python 3.11 a child that fails while the group is already waiting in
     ``__aexit__`` (the body has ended) makes the group cancel its parent task
@@ -52,7 +72,52 @@ class TaskGroup(asyncio.TaskGroup):  # noqa: TID251 - the one subclass
     ``asyncio.TaskGroup`` (ruff's banned-api rule enforces that).
     """
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._children: set[asyncio.Task[Any]] = set()
+        self._child_failed = False
+        self._body_failed = False
+        self._recancel_handle: asyncio.TimerHandle | None = None
+
+    def create_task(
+        self,
+        coro: Generator[Any, None, T] | Coroutine[Any, Any, T],
+        *,
+        name: str | None = None,
+        context: contextvars.Context | None = None,
+    ) -> asyncio.Task[T]:
+        """Start a child (see :meth:`asyncio.TaskGroup.create_task`); return its task."""
+        task = super().create_task(coro, name=name, context=context)
+        if not task.done():
+            self._children.add(task)
+            task.add_done_callback(self._child_done)
+        return task
+
+    def _child_done(self, task: asyncio.Task[Any]) -> None:
+        self._children.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self._child_failed = True  # the group aborts: asyncio cancels the others
+
+    def _recancel(self) -> None:
+        if self._body_failed or self._child_failed:
+            for task in list(self._children):
+                if not task.done():
+                    task.cancel()
+        if self._children:
+            self._recancel_handle = asyncio.get_running_loop().call_later(RECANCEL_S, self._recancel)
+
     async def __aexit__(
+        self, et: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._body_failed = et is not None
+        self._recancel_handle = asyncio.get_running_loop().call_later(RECANCEL_S, self._recancel)
+        try:
+            await self._exit(et, exc, tb)
+        finally:
+            if self._recancel_handle is not None:
+                self._recancel_handle.cancel()
+
+    async def _exit(
         self, et: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         if sys.version_info >= (3, 12):

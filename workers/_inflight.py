@@ -22,6 +22,7 @@ import msgspec
 import redis.asyncio
 
 from shared import TransientError
+from shared._aio import raise_if_cancelling
 from shared._logging import kv
 from shared.queue import Keys, as_text, redis_errors
 
@@ -149,7 +150,10 @@ class InFlightBoard:
             await self._wake.wait()
             await asyncio.sleep(pause)
             self._wake.clear()
-            if await self.flush():
+            flushed = await self.flush()
+            # A cancel lost inside the write (Python 3.11, redis-py) ends the loop here.
+            raise_if_cancelling()
+            if flushed:
                 pause = self._delay
             else:  # Redis is down: try again, less and less often
                 pause = min(pause * 2, 5.0)

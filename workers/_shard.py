@@ -144,7 +144,10 @@ class ShardRunner(SchedulingMixin, IntakeMixin, ActionsMixin, OperatorRequestsMi
                             await asyncio.wait_for(self.stopping.wait(), delay)
                         delay = min(delay * 2, 5.0)
                 await self._drain()
-                writer.cancel()
+                # Until it has ended: a cancel that lands as its Redis write
+                # completes is lost on Python 3.11, and the group would wait
+                # for the writer forever (the shard assigned here, served by nobody).
+                await cancel_until_done(writer)
                 await self.board.flush()  # what the drain ended leaves the board now
         except* Fenced as eg:
             raise eg.exceptions[0] from None

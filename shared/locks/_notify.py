@@ -27,7 +27,7 @@ from typing import Any, NoReturn, Protocol
 import redis.asyncio
 import redis.exceptions
 
-from .._aio import TaskGroup, raise_if_cancelling
+from .._aio import TaskGroup, cancel_until_done, raise_if_cancelling
 from .._redis_py import CAUGHT, is_redis_failure
 from .._retry import RetryPolicy
 from ._io import run_shielded
@@ -99,7 +99,8 @@ class RedisReleaseNotifier:
                 try:
                     yield
                 finally:
-                    reader.cancel()
+                    # Until it has ended (a cancel can be lost inside a redis-py call on 3.11).
+                    await cancel_until_done(reader)
         finally:
             with contextlib.suppress(redis.exceptions.RedisError, OSError):
                 await pubsub.aclose()  # type: ignore[no-untyped-call]

@@ -181,12 +181,22 @@ async def test_sigkill_worker_mid_commit(fleet: Fleet) -> None:
 # the server. (With the local-files store a process frozen inside a
 # conditional write keeps that one key's stripe lock: others get a transient
 # error for that key until it resumes; see docs/storage.md.)
+#
+# Which shards the frozen worker gets after its resume depends on which worker
+# joined first (the assignment is sticky: w2, holding all 8, gives up its
+# highest 4): w1 joining first holds 0-3 before and 4-7 after (its old shard
+# runners are fenced), w1 joining second holds 4-7 both times (its old shard
+# runners, still running, start new sessions under new owner tokens).
 @pytest.mark.parametrize("fleet_backend", ["s3"])
-async def test_sigstop_worker_is_fenced(fleet: Fleet) -> None:
+@pytest.mark.parametrize("frozen_gets", ["other shards", "its own shards back"])
+async def test_sigstop_worker_is_fenced(fleet: Fleet, frozen_gets: str) -> None:
     fleet.start("coordinator", "c1")
-    fleet.start("worker", "w1")
-    fleet.start("worker", "w2")
+    first, second = ("w1", "w2") if frozen_gets == "other shards" else ("w2", "w1")
+    fleet.start("worker", first)
+    await wait_for(lambda: fleet.owners_settled({first}), timeout=60, what=f"{first} owns all")
+    fleet.start("worker", second)
     await wait_for(lambda: fleet.owners_settled({"w1", "w2"}), timeout=60, what="2 workers")
+    w1_before = await _shards_of(fleet, "w1")
     datasets = [f"f{i:03d}" for i in range(60)]
     await fleet.publisher.publish_many(await good_job(fleet.store, "frozen", datasets, tasks=4))
 
@@ -208,6 +218,9 @@ async def test_sigstop_worker_is_fenced(fleet: Fleet) -> None:
     # More work after the resume: the stale worker must not take part in anything it no longer owns.
     more = [f"g{i:03d}" for i in range(20)]
     await fleet.publisher.publish_many(await good_job(fleet.store, "after", more, tasks=2))
+    await wait_for(lambda: fleet.owners_settled({"w1", "w2"}), timeout=60, what="w1 back in the fleet")
+    w1_after = await _shards_of(fleet, "w1")
+    assert (w1_after == w1_before) == (frozen_gets == "its own shards back"), (w1_before, w1_after)
     await wait_for(lambda: committed(fleet.store, more, "after"), timeout=120, what="post-resume commits")
     for job in ("frozen", "after"):
         await wait_for(lambda job=job: no_staging_left(fleet.store, job), timeout=60, what=f"{job} cleanup")
@@ -220,6 +233,11 @@ async def test_sigstop_worker_is_fenced(fleet: Fleet) -> None:
         assert counts[key] == n
     log = fleet.names["w1"].output()
     assert "lost" in log.lower() or "fenced" in log.lower() or "expired" in log.lower(), log[-3000:]
+
+
+async def _shards_of(fleet: Fleet, worker: str) -> set[int]:
+    a = await fleet.registry.assignment(fleet.settings.fleet.shards)
+    return {i for i, slot in enumerate(a.slots) if slot.owner == worker}
 
 
 async def _elapsed(since: float, seconds: float) -> bool:

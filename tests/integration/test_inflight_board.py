@@ -158,3 +158,29 @@ async def test_work_that_ends_while_its_record_is_being_written_is_deleted_after
     assert await redis_client.hexists(key, "commit|j|d")  # written: it was on its way...
     assert await board.flush()
     assert await redis_client.hlen(key) == 0  # ...and deleted by the next flush, never left behind
+
+
+async def test_the_writer_ends_when_a_write_loses_its_cancel(
+    redis_client: redis.asyncio.Redis, fleet_name: str
+) -> None:
+    """On Python 3.11 redis-py can drop a cancel landing as a command completes; the
+    writer then sees its request still pending and ends (its shard runner waits for it)."""
+    board = InFlightBoard(redis_client, Keys(fleet_name), 0, delay=0.01)
+    in_write = asyncio.Event()
+
+    async def write_that_loses_the_cancel() -> bool:
+        in_write.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            pass  # what the lost cancel looks like from here: the write "completed"
+        return True
+
+    board.flush = write_that_loses_the_cancel  # type: ignore[method-assign]
+    writer = asyncio.create_task(board.run())
+    board.put("commit|j|d0", _rec("d0"))
+    await asyncio.wait_for(in_write.wait(), 5)
+    writer.cancel()  # once, as a TaskGroup or the runner does
+    done, _ = await asyncio.wait([writer], timeout=5)
+    assert writer in done, "the board writer went on after its cancel was lost"
+    assert writer.cancelled()
