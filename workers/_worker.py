@@ -40,11 +40,10 @@ import asyncio
 import contextlib
 import logging
 import os
-import random
 import socket
 import time
 
-from shared import CommitfleetError, ConfigError, Fenced, Settings, TransientError
+from shared import ConfigError, Settings, TransientError
 from shared._aio import cancel_until_done
 from shared._logging import kv
 from shared.events import ValidationLimits, WorkerJoined, WorkerLeft
@@ -64,7 +63,7 @@ from shared.storage import open_store
 
 from ._context import WorkerContext
 from ._heap import trim_heap_forever, tune_gc
-from ._shard import ShardRunner
+from ._runners import ShardRunners
 
 log = logging.getLogger("workers")
 
@@ -73,19 +72,6 @@ FOLLOW_INTERVAL_S = 0.25
 # and how long leaving (deregister, worker_left) may take when Redis is slow or down.
 CRASH_SETTLE_S = 1.0
 LEAVE_TIMEOUT_S = 1.5
-# A shard runner that failed or ended on its own is started again after a backoff.
-RESTART_INITIAL_S = 2.0
-RESTART_MAX_S = 60.0
-
-
-def restart_delay(failures: int, rng: random.Random) -> float:
-    """Return the seconds to wait before starting a shard again after its ``failures``-th failure in a row.
-
-    Capped exponential backoff with jitter: uniform in ``[c/2, c]``,
-    ``c = min(RESTART_MAX_S, RESTART_INITIAL_S * 2**(failures-1))``.
-    """
-    cap = min(RESTART_MAX_S, RESTART_INITIAL_S * 2.0 ** min(max(failures - 1, 0), 30))
-    return cap / 2 + rng.random() * cap / 2
 
 
 class Worker:
@@ -110,10 +96,8 @@ class Worker:
         self._stop = asyncio.Event()
         self.ready = asyncio.Event()
         self._hard_exit_after = hard_exit_after
-        self._runners: dict[int, tuple[ShardRunner, asyncio.Task[None]]] = {}
-        self._retry_at: dict[int, float] = {}
-        self._failures: dict[int, int] = {}
-        self._rng = random.Random()
+        self._shards = ShardRunners(settings, self.worker_id)
+        self._runners = self._shards.by_shard  # shard -> (runner, task); the same dict, never replaced
         # Set when the worker starts leaving: its heartbeat must not bring it back.
         self._leaving = asyncio.Event()
 
@@ -152,7 +136,7 @@ class Worker:
                 if resolved is None:
                     log.info("stopped before joining the fleet", extra=kv(worker=self.worker_id))
                     return
-                self.settings = s = resolved
+                self.settings = self._shards.settings = s = resolved
                 keys = Keys(s.fleet.name)
                 ctx = WorkerContext(
                     settings=s,
@@ -239,8 +223,7 @@ class Worker:
     def _on_fatal(self) -> None:
         # ProcessTasks cancels every task; asking each runner to stop as well means a
         # cancellation that gets lost (redis-py on 3.11) cannot keep a shard polling.
-        for runner, _task in self._runners.values():
-            runner.request_stop()
+        self._shards.request_stop_all()
 
     async def _leave(self, ctx: WorkerContext, *, reason: str | None) -> None:
         """Deregister and publish ``worker_left`` (``reason`` None: deregister only); best effort, bounded."""
@@ -292,83 +275,22 @@ class Worker:
         while not self._stop.is_set():
             try:
                 assignment = await ctx.registry.assignment(shards)
-                await self._reconcile(
-                    ctx, process, assignment.runnable(self.worker_id), assignment.releasing(self.worker_id)
+                await self._shards.reconcile(
+                    ctx,
+                    process,
+                    assignment.runnable(self.worker_id),
+                    assignment.releasing(self.worker_id),
+                    self._stop,
                 )
             except TransientError as exc:
                 log.warning("cannot read the assignment", extra=kv(error=str(exc)))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), FOLLOW_INTERVAL_S)
 
-    async def _reconcile(
-        self, ctx: WorkerContext, process: ProcessTasks, want: frozenset[int], releasing: frozenset[int]
-    ) -> None:
-        now = time.monotonic()
-        for shard, (runner, task) in list(self._runners.items()):
-            if task.done():
-                del self._runners[shard]  # how it ended was handled by _supervise (or is fatal)
-            elif shard not in want:
-                runner.request_stop()
-        for shard in releasing:
-            if shard not in self._runners:
-                await ctx.registry.confirm_stopped(shard, self.worker_id)
-        for shard in sorted(want - self._runners.keys()):
-            if self._retry_at.get(shard, 0.0) > now or self._stop.is_set():
-                continue
-            token = await ctx.registry.owner_token(shard)
-            if token is None or not token.decode().startswith(f"{self.worker_id}@"):
-                continue  # the coordinator has not handed it to us yet
-            if self._stop.is_set():
-                return
-            runner = ShardRunner(ctx, shard)
-            self._runners[shard] = (runner, process.start(self._supervise(runner), f"shard {shard}"))
-            log.info("shard started", extra=kv(shard=shard, worker=self.worker_id))
-
-    async def _supervise(self, runner: ShardRunner) -> None:
-        """Run one shard; an expected per-shard error ends that shard only.
-
-        Raises:
-            Anything but a CommitfleetError: a bug, fatal for the process
-            (reported by ProcessTasks; an exception group counts as a bug when
-            any member is one).
-        """
-        shard = runner.shard
-        try:
-            await runner.run()
-        except Fenced as exc:
-            log.warning("shard lost to another owner", extra=kv(shard=shard, error=str(exc)))
-            return
-        except CommitfleetError as exc:
-            delay = self._back_off(shard)
-            log.error(
-                "shard runner failed; starting it again later",
-                exc_info=True,
-                extra=kv(shard=shard, error=repr(exc), retry_in=round(delay, 1)),
-            )
-            return
-        if runner.stopping.is_set():
-            self._failures.pop(shard, None)
-            log.info("shard stopped", extra=kv(shard=shard))
-        else:
-            delay = self._back_off(shard)
-            log.warning(
-                "shard runner ended on its own; starting it again later",
-                extra=kv(shard=shard, retry_in=round(delay, 1)),
-            )
-
-    def _back_off(self, shard: int) -> float:
-        failures = self._failures[shard] = self._failures.get(shard, 0) + 1
-        delay = restart_delay(failures, self._rng)
-        self._retry_at[shard] = time.monotonic() + delay
-        return delay
-
     async def _stop_all(self, ctx: WorkerContext, process: ProcessTasks) -> None:
-        runners = list(self._runners.items())
-        for _shard, (runner, _task) in runners:
-            runner.request_stop()
-        if runners:
-            await asyncio.wait([t for _s, (_r, t) in runners])
-        for shard, _ in runners:
+        shards = list(self._runners)
+        await self._shards.wait_stopped(process)
+        for shard in shards:
             if process.crashed is not None:
                 break  # a fatal error while draining: leave without handing back
             with contextlib.suppress(TransientError):

@@ -20,7 +20,7 @@ from shared.fleet import (
     wait_until_up,
 )
 from shared.fleet._process import STARTUP_MAX_S
-from workers._worker import RESTART_INITIAL_S, RESTART_MAX_S, restart_delay
+from workers._runners import RESTART_INITIAL_S, RESTART_MAX_S, restart_delay
 
 
 @given(st.integers(min_value=0, max_value=10_000), st.integers(min_value=0, max_value=2**32))
