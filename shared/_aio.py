@@ -91,7 +91,11 @@ class TaskGroup(asyncio.TaskGroup):  # noqa: TID251 - the one subclass
         if not task.done():
             self._children.add(task)
             task.add_done_callback(self._child_done)
+        self._started(task)
         return task
+
+    def _started(self, task: asyncio.Task[Any]) -> None:
+        """Called with each child just started (a hook for subclasses)."""
 
     def _child_done(self, task: asyncio.Task[Any]) -> None:
         self._children.discard(task)

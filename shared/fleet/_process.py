@@ -47,7 +47,7 @@ import random
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Generator
+from collections.abc import Awaitable, Callable, Coroutine
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -294,18 +294,9 @@ class ReportingTaskGroup(TaskGroup):
             self._process.fatal(exc, self._where)
         await super().__aexit__(et, exc, tb)
 
-    def create_task(
-        self,
-        coro: Generator[Any, None, T] | Coroutine[Any, Any, T],
-        *,
-        name: str | None = None,
-        context: contextvars.Context | None = None,
-    ) -> asyncio.Task[T]:
-        """Start a child (see :meth:`asyncio.TaskGroup.create_task`); return its task."""
-        task = super().create_task(coro, name=name, context=context)
+    def _started(self, task: asyncio.Task[Any]) -> None:
         if self._process is not None:
             self._process.watch(task, self._where, expected=self._expected)
-        return task
 
 
 def _arm_hard_exit(name: str, after: float, loop: asyncio.AbstractEventLoop) -> None:
