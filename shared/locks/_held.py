@@ -14,6 +14,7 @@ import logging
 from types import TracebackType
 from typing import TYPE_CHECKING, Final
 
+from .._aio import cancel_until_done
 from .._errors import Fenced, LockLost, NotFound, OutcomeUnknown, PreconditionFailed, TransientError
 from .._retry import retry
 from ._io import AMBIGUOUS, READ_AGAIN, RELEASES, SEEN, new_nonce, observe, run_shielded
@@ -297,12 +298,10 @@ class HeldLease:
         # Cancel until it has ended: on Python 3.11 one cancellation can be
         # swallowed by a store call finishing at the same moment, and a
         # heartbeat left running would renew a released lease forever (the
-        # loop also stops on ``_closing``). asyncio.wait never raises the
+        # loop also stops on ``_closing``). cancel_until_done never raises the
         # task's CancelledError into us, so an outside cancellation of the
         # caller stays distinguishable.
-        while not hb.done():
-            hb.cancel()
-            await asyncio.wait([hb], timeout=_ENFORCE_S)
+        await cancel_until_done(hb, every_s=_ENFORCE_S)
         error = None if hb.cancelled() else hb.exception()
         if error is not None:
             raise error
