@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from shared._aio import TaskGroup
+from tests._support.cancels import loses_cancels
 
 
 async def _fail_later(started: asyncio.Event) -> None:
@@ -99,19 +100,6 @@ async def test_raise_if_cancelling_ends_a_task_whose_cancel_was_swallowed() -> N
         await t
 
 
-async def _loses_first_cancel(started: asyncio.Event, cancels: list[int]) -> None:
-    """A loop whose first cancellation is dropped, as redis-py's ``wait_for`` drops one on 3.11."""
-    started.set()
-    while True:
-        try:
-            await asyncio.sleep(3600)
-        except asyncio.CancelledError:
-            cancels.append(1)
-            if len(cancels) > 1:
-                raise
-            # lost: the loop goes on
-
-
 @pytest.mark.parametrize("how", ["body raises", "child fails", "parent cancelled"])
 async def test_an_aborting_group_ends_though_a_child_lost_its_cancel(how: str) -> None:
     started = asyncio.Event()
@@ -123,7 +111,7 @@ async def test_an_aborting_group_ends_though_a_child_lost_its_cancel(how: str) -
 
     async def run() -> None:
         async with TaskGroup() as tg:
-            tg.create_task(_loses_first_cancel(started, cancels))
+            tg.create_task(loses_cancels(1, cancels, started=started))
             if how == "child fails":
                 tg.create_task(fail_soon())
                 await asyncio.sleep(3600)

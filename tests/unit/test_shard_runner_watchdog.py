@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from shared import load_settings
 from shared.fleet import ProcessTasks
+from tests._support.cancels import loses_cancels
 from workers._runners import RunnerHung, ShardRunners, stop_overdue
 
 
@@ -51,20 +52,6 @@ def _runners(overdue_s: float) -> ShardRunners:
     return ShardRunners(settings, "w1", overdue_s=overdue_s)
 
 
-async def _ignores_stop(
-    cancels_to_ignore: int, cancels: list[int], free: asyncio.Event | None = None
-) -> None:
-    """A runner stuck waiting for something that does not end; it loses its first cancels
-    (all of them until ``free`` is set)."""
-    while True:
-        try:
-            await asyncio.sleep(3600)
-        except asyncio.CancelledError:
-            cancels.append(1)
-            if len(cancels) > cancels_to_ignore or (free is not None and free.is_set()):
-                raise
-
-
 @pytest.mark.parametrize("lost_cancels", [0, 3])
 async def test_an_overdue_runner_is_reported_and_cancelled(
     lost_cancels: int, caplog: pytest.LogCaptureFixture
@@ -73,7 +60,7 @@ async def test_an_overdue_runner_is_reported_and_cancelled(
     runners = _runners(overdue_s=2.0)
     cancels: list[int] = []
     async with ProcessTasks("p", stop=asyncio.Event()) as process:
-        task = process.start(_ignores_stop(lost_cancels, cancels), "shard 3")
+        task = process.start(loses_cancels(lost_cancels, cancels), "shard 3")
         runners.by_shard[3] = (cast(Any, _FakeRunner(3)), task)
         async with asyncio.timeout(30):
             await runners.wait_stopped(process)
@@ -91,7 +78,7 @@ async def test_a_runner_that_cannot_be_cancelled_ends_the_process() -> None:
     free = asyncio.Event()
     async with ProcessTasks("p", stop=stop) as process:
         try:
-            task = process.start(_ignores_stop(10**9, cancels, free), "shard 5")
+            task = process.start(loses_cancels(10**9, cancels, free=free), "shard 5")
             runners.by_shard[5] = (cast(Any, _FakeRunner(5)), task)
             async with asyncio.timeout(30):
                 await runners.wait_stopped(process)
