@@ -6,13 +6,21 @@ Guarantees, across processes on one host:
   filesystem), are fsynced, then renamed over the key. A reader sees the old
   object or the new one, never half of one.
 - Conditional writes (create-if-absent, compare-and-swap) check and rename
-  while holding an exclusive ``flock`` on one of :data:`_STRIPES` lock files
+  while holding an exclusive ``flock`` on one of :data:`~._local_put.STRIPES` lock files
   chosen by the key's hash, so two processes can never both win. Every write
   and delete holds its key's stripe, so they are linearizable with each other.
 - The version is ``<inode>-<mtime_ns>`` of the file. Each write is a new inode
   (so it differs from the version it replaces while that one exists) and its
   mtime is stamped with the wall clock plus a random sub-millisecond offset, so
   a delete-then-recreate does not bring an old version back either.
+- A copy is a hard link to its source's file where one can be made (see
+  :mod:`._local_put`): no bytes are written, and the copy has its source's
+  version (the same file; copying that source again after deleting the copy
+  brings that version back, with the same bytes). Files are never changed in
+  place, so the copy keeps its bytes when the source is written again or
+  deleted. Where no link can be made (a source owned by another user,
+  another file system mounted below the root, one without links) the bytes
+  are copied into a new file like a write.
 
 - Symbolic links are never followed (see :mod:`._local_tree` and
   :mod:`._local_fs`): every key is resolved from the root's descriptor by
@@ -35,6 +43,11 @@ power cut, with exactly these fsyncs and no others:
    until it is written the old object (or none) could come back.
 3. The parent of each folder a write had to make, when it made it: the new
    folder's name is a change of its parent, which (2) does not write.
+
+A copy made as a link fsyncs its source's file before the link (1: its
+writer may not have), then its folder (2). Writes into one folder at the same
+time share the folder's fsync (2): one that starts after a write's rename
+covers it (:mod:`._local_sync`).
 
 Not fsynced, on purpose: ``.cf/tmp`` (a temp name need not survive: at worst a
 stale temp file, which is never read, is left behind), the lock stripes (they
@@ -59,16 +72,11 @@ thread finishes its (atomic) operation.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import fcntl
 import hashlib
 import os
-import secrets
 import stat
-import time
-import zlib
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable
 from functools import partial
 from pathlib import Path
 from typing import TypeVar
@@ -79,27 +87,16 @@ from .._errors import (
     ConfigError,
     NotFound,
     PreconditionFailed,
-    TransientError,
 )
-from ._local_fs import NEW_FILE_FLAGS, READ_FLAGS, checked_file, lstat_entry, os_error
+from ._local_fs import READ_FLAGS, checked_file, lstat_entry, os_error
 from ._local_pool import ThreadPool
+from ._local_put import STRIPE_DIR, TMP, Filler, Puts, split_key
 from ._local_scan import info_of as _info
 from ._local_scan import scan
 from ._local_scan import version_of as _version
 from ._local_tree import Tree
-from ._port import RESERVED_TOP, ObjectData, ObjectInfo, StoreLifecycle, check_key, check_prefix
+from ._port import ObjectData, ObjectInfo, StoreLifecycle, check_key, check_prefix
 
-_STRIPES = 4096
-_TMP = (RESERVED_TOP, "tmp")
-_STRIPE_DIR = (RESERVED_TOP, "stripes")
-_STRIPE_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-# A stripe lock is held for a stat and a rename only (microseconds), but a
-# holder can be frozen (SIGSTOP) inside it: then waiting forever would stall
-# every process on that stripe, and the thread pool with it. Contenders poll
-# for at most this long and then report a transient error instead.
-_STRIPE_WAIT_S = 5.0
-# Writes an object's bytes into an open temp file (its descriptor).
-_Filler = Callable[[int], None]
 T = TypeVar("T")
 _COPY_CHUNK = 1 << 20
 
@@ -107,8 +104,10 @@ _COPY_CHUNK = 1 << 20
 class LocalStore(StoreLifecycle):
     """An :class:`~shared.storage.ObjectStore` over a local directory."""
 
-    def __init__(self, root: Path, *, url: str | None = None, durable: bool = True) -> None:
-        """Open (and create) the store at ``root``.
+    def __init__(
+        self, root: Path, *, url: str | None = None, durable: bool = True, links: bool = True
+    ) -> None:
+        """Open (and create) the store at ``root``; ``links=False`` makes every copy write its bytes.
 
         Raises:
             ConfigError: ``root`` is not absolute or cannot be created.
@@ -117,17 +116,18 @@ class LocalStore(StoreLifecycle):
             raise ConfigError(f"local store root must be an absolute path: {root}")
         self._root = root
         self._url = url or root.as_uri()
-        self._durable = durable
         self._tree = Tree(root, durable=durable)
+        self._puts = Puts(self._tree, durable=durable, links=links)
         # Our own pool: the event loop's default one has only cpu+4 threads,
         # too few when many commits write at once.
         self._pool: ThreadPool | None = None
         try:
             root.mkdir(parents=True, exist_ok=True)  # the configured root may itself lie behind links
             with self._tree.held() as root_fd:
-                for area in (_TMP, _STRIPE_DIR):
+                for area in (TMP, STRIPE_DIR):
                     with self._tree.folder(root_fd, area, what="open the local store", create=True):
                         pass
+                self._puts.probe_links(root_fd)
         except OSError as exc:
             raise ConfigError(f"cannot create local store at {root}: {exc}") from exc
         except CommitfleetError as exc:  # .cf/ is a link or a file: not a usable root
@@ -146,89 +146,8 @@ class LocalStore(StoreLifecycle):
 
     # -- helpers (run in threads, given the root's descriptor; nothing reached through a link) ---
 
-    @contextlib.contextmanager
-    def _stripe(self, root_fd: int, key: str) -> Iterator[None]:
-        n = zlib.crc32(key.encode()) % _STRIPES
-        what = f"lock stripe of {key}"
-        name = f"{n:03x}.lock"
-        fd = self._tree.open_at(root_fd, _STRIPE_DIR, name, _STRIPE_FLAGS, 0o644, what=what, create=True)
-        try:
-            deadline = time.monotonic() + _STRIPE_WAIT_S
-            pause = 0.0005
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        raise TransientError(f"local store: {key} stays locked by another process") from None
-                    time.sleep(pause)
-                    pause = min(pause * 2, 0.02)
-            yield
-        finally:
-            os.close(fd)  # closing the descriptor drops the flock
-
-    def _put(self, root_fd: int, key: str, fill: _Filler, *, absent: bool, version: str | None) -> ObjectInfo:
-        folders, name = _split(key)
-        what = f"write {key}"
-        with self._tree.folder(root_fd, _TMP, what=what, create=True) as tmpdir:
-            tmp = f"{os.getpid()}-{secrets.token_hex(8)}"
-            fd = os.open(tmp, NEW_FILE_FLAGS, 0o644, dir_fd=tmpdir)
-            installed = False
-            try:
-                fill(fd)
-                stamp = time.time_ns() + secrets.randbelow(1_000_000)
-                os.utime(fd, ns=(stamp, stamp))
-                if self._durable:
-                    os.fsync(fd)  # bytes and stamp on disk before the name points at them
-                st = os.fstat(fd)
-                self._install(root_fd, tmpdir, tmp, folders, name, key, absent=absent, version=version)
-                installed = True
-            finally:
-                os.close(fd)
-                if not installed:
-                    with contextlib.suppress(OSError):
-                        os.unlink(tmp, dir_fd=tmpdir)
-        return _info(key, st)
-
-    def _install(
-        self,
-        root_fd: int,
-        tmpdir: int,
-        tmp: str,
-        folders: Sequence[str],
-        name: str,
-        key: str,
-        *,
-        absent: bool,
-        version: str | None,
-    ) -> None:
-        what = f"write {key}"
-        # A concurrent delete may prune an (empty) parent between making it
-        # and the rename into it (ENOENT): resolving it again is enough.
-        for _ in range(20):
-            with self._tree.folder(root_fd, folders, what=what, create=True) as parent:
-                with self._stripe(root_fd, key):
-                    cur = lstat_entry(parent, name, what)  # a link: LinkRefused, never replaced
-                    if cur is not None and not stat.S_ISREG(cur.st_mode):
-                        raise BadInput(f"{what}: the key names a folder or a special file")
-                    if absent and cur is not None:
-                        raise PreconditionFailed(f"{key} already exists")
-                    if version is not None and (cur is None or _version(cur) != version):
-                        raise PreconditionFailed(f"{key} is not at version {version}")
-                    try:
-                        os.rename(tmp, name, src_dir_fd=tmpdir, dst_dir_fd=parent)
-                    except FileNotFoundError:
-                        continue
-                if self._durable:
-                    # After the stripe is released: the rename is already atomic
-                    # and visible; this makes it survive a power cut.
-                    os.fsync(parent)
-                return
-        raise TransientError(f"{what}: its folder keeps disappearing")
-
     def _open_object(self, root_fd: int, key: str, what: str) -> tuple[int, os.stat_result]:
-        folders, name = _split(key)
+        folders, name = split_key(key)
         fd = self._tree.open_at(root_fd, folders, name, READ_FLAGS, what=what, reading=True)
         return checked_file(fd, what)
 
@@ -241,7 +160,7 @@ class LocalStore(StoreLifecycle):
         return ObjectData(info=_info(key, st), data=data)
 
     def _head(self, root_fd: int, key: str) -> ObjectInfo:
-        folders, name = _split(key)
+        folders, name = split_key(key)
         what = f"head {key}"
         st = self._tree.lstat_at(root_fd, folders, name, what=what)
         if st is None or stat.S_ISDIR(st.st_mode):
@@ -267,13 +186,22 @@ class LocalStore(StoreLifecycle):
             if pin is not None and _version(st) != pin:
                 raise PreconditionFailed(f"copy {src}: the source is no longer at version {pin}")
             digest = hashlib.md5(usedforsecurity=False)
+            if self._puts.links and st.st_uid == os.geteuid():
+                # A link, where it can be, of a file we own (a copy would be ours too).
+                while chunk := os.read(fd, _COPY_CHUNK):
+                    digest.update(chunk)
+                linked = self._puts.link(root_fd, fd, dst)
+                if linked is not None:
+                    return dataclasses.replace(_info(dst, linked), checksum=digest.hexdigest())
+                os.lseek(fd, 0, os.SEEK_SET)
+                digest = hashlib.md5(usedforsecurity=False)
 
             def fill(out: int) -> None:
                 while chunk := os.read(fd, _COPY_CHUNK):
                     digest.update(chunk)
                     _write_all(out, chunk)
 
-            info = self._put(root_fd, dst, fill, absent=False, version=None)
+            info = self._puts.put(root_fd, dst, fill, absent=False, version=None)
         finally:
             os.close(fd)
         # The MD5 of the bytes copied, measured on the way: a copy's answer
@@ -281,12 +209,12 @@ class LocalStore(StoreLifecycle):
         return dataclasses.replace(info, checksum=digest.hexdigest())
 
     def _delete(self, root_fd: int, key: str) -> None:
-        folders, name = _split(key)
+        folders, name = split_key(key)
         what = f"delete {key}"
         try:
             with (
                 self._tree.folder(root_fd, folders, what=what, reading=True) as parent,
-                self._stripe(root_fd, key),
+                self._puts.stripe(root_fd, key),
             ):
                 st = lstat_entry(parent, name, what)  # a link: LinkRefused, never removed
                 if st is None or stat.S_ISDIR(st.st_mode):
@@ -331,13 +259,13 @@ class LocalStore(StoreLifecycle):
         return await self._run(self._head_md5, key)
 
     async def write(self, key: str, data: bytes) -> ObjectInfo:
-        return await self._run(self._put, key, _bytes_filler(data), absent=False, version=None)
+        return await self._run(self._puts.put, key, _bytes_filler(data), absent=False, version=None)
 
     async def write_if_absent(self, key: str, data: bytes) -> ObjectInfo:
-        return await self._run(self._put, key, _bytes_filler(data), absent=True, version=None)
+        return await self._run(self._puts.put, key, _bytes_filler(data), absent=True, version=None)
 
     async def write_if_match(self, key: str, data: bytes, version: str) -> ObjectInfo:
-        return await self._run(self._put, key, _bytes_filler(data), absent=False, version=version)
+        return await self._run(self._puts.put, key, _bytes_filler(data), absent=False, version=version)
 
     async def delete(self, key: str) -> None:
         await self._run(self._delete, key)
@@ -361,11 +289,6 @@ class LocalStore(StoreLifecycle):
         self._tree.close()  # at once, or when the last running operation ends
 
 
-def _split(key: str) -> tuple[list[str], str]:
-    parts = check_key(key).split("/")
-    return parts[:-1], parts[-1]
-
-
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
@@ -383,7 +306,7 @@ def _read_all(fd: int, size: int) -> bytes:
     return first if len(parts) == 1 else b"".join(parts)
 
 
-def _bytes_filler(data: bytes) -> _Filler:
+def _bytes_filler(data: bytes) -> Filler:
     def fill(out: int) -> None:
         _write_all(out, data)
 

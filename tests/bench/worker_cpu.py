@@ -40,10 +40,16 @@ from shared.storage import open_store
 from tests.fleet._helpers import fleet_settings, good_job
 
 
+def cpu_split(pid: int) -> tuple[float, float]:
+    """Return the user and the system CPU time of ``pid`` in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
 def cpu_seconds(pid: int) -> float:
     """Return the user + system CPU time of ``pid`` in seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return sum(cpu_split(pid))
 
 
 async def committed(r: redis.asyncio.Redis, keys: Keys) -> int:
@@ -113,7 +119,7 @@ async def run(args: argparse.Namespace) -> float:
             await asyncio.sleep(1)
         if args.commands:
             await r.config_resetstat()
-        before = [cpu_seconds(p.pid) for p in workers]
+        before = [cpu_split(p.pid) for p in workers]
         t0 = time.monotonic()
         pub = AsyncPublisher(r, fleet, args.shards)
         for evs in jobs:
@@ -121,7 +127,10 @@ async def run(args: argparse.Namespace) -> float:
         while await committed(r, keys) < args.datasets:
             await asyncio.sleep(0.1)
         elapsed = time.monotonic() - t0
-        used = sum(cpu_seconds(p.pid) for p in workers) - sum(before)
+        after = [cpu_split(p.pid) for p in workers]
+        user: float = sum(a[0] - b[0] for a, b in zip(after, before, strict=True))
+        system: float = sum(a[1] - b[1] for a, b in zip(after, before, strict=True))
+        used = user + system
         if args.commands:
             stats = await r.info("commandstats")
             calls = sorted(((v["calls"], k.removeprefix("cmdstat_")) for k, v in stats.items()), reverse=True)
@@ -148,9 +157,10 @@ async def run(args: argparse.Namespace) -> float:
     per = used / args.datasets * 1000
     print(
         f"{args.datasets} datasets x {args.tasks} tasks, {args.workers} workers: {elapsed:.1f} s, "
-        f"{args.datasets / elapsed:.0f} datasets/s, worker CPU {used:.1f} s = {per:.2f} ms per dataset"
+        f"{args.datasets / elapsed:.0f} datasets/s, worker CPU {used:.1f} s = {per:.2f} ms per dataset "
+        f"({user / args.datasets * 1000:.2f} user, {system / args.datasets * 1000:.2f} system)"
     )
-    return per
+    return float(per)
 
 
 def main() -> None:

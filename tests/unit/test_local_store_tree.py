@@ -20,6 +20,8 @@ import pytest
 
 import shared.storage._local as local_mod
 import shared.storage._local_fs as fs_mod
+import shared.storage._local_put as put_mod
+import shared.storage._local_sync as sync_mod
 import shared.storage._local_tree as tree_mod
 from shared._errors import LinkRefused, NotFound
 from shared.storage._local import LocalStore
@@ -164,7 +166,7 @@ async def test_a_durable_write_fsyncs_the_file_its_folder_and_the_parent_of_each
         def __getattr__(self, name: str) -> object:
             return fsync if name == "fsync" else getattr(os, name)
 
-    for mod in (local_mod, fs_mod, tree_mod):
+    for mod in (local_mod, fs_mod, tree_mod, put_mod, sync_mod):
         monkeypatch.setattr(mod, "os", Os())
     info = await store.write("n1/n2/k", b"data")
     ino = {p: (root / p).stat().st_ino for p in ("", "n1", "n1/n2", "n1/n2/k")}
