@@ -25,7 +25,7 @@ import time
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 
-from .._errors import BadInput, PreconditionFailed, TransientError
+from .._errors import BadInput, NotFound, PreconditionFailed, TransientError
 from ._local_fs import NEW_FILE_FLAGS, lstat_entry
 from ._local_scan import info_of, version_of
 from ._local_sync import FolderSyncs
@@ -94,7 +94,12 @@ class Puts:
         n = zlib.crc32(key.encode()) % STRIPES
         what = f"lock stripe of {key}"
         name = f"{n:03x}.lock"
-        fd = self._tree.open_at(root_fd, STRIPE_DIR, name, _STRIPE_FLAGS, 0o644, what=what, create=True)
+        try:
+            # Without O_CREAT first: opening a file that exists then takes no
+            # exclusive lock on the stripe folder, which every write shares.
+            fd = self._tree.open_at(root_fd, STRIPE_DIR, name, _STRIPE_FLAGS & ~os.O_CREAT, what=what)
+        except NotFound:
+            fd = self._tree.open_at(root_fd, STRIPE_DIR, name, _STRIPE_FLAGS, 0o644, what=what, create=True)
         try:
             deadline = time.monotonic() + _STRIPE_WAIT_S
             pause = 0.0005
