@@ -17,13 +17,10 @@ from typing import Any
 
 import pytest
 
-import shared.storage._local as local_mod
-import shared.storage._local_fs as fs_mod
 import shared.storage._local_put as put_mod
-import shared.storage._local_sync as sync_mod
-import shared.storage._local_tree as tree_mod
 from shared._errors import PreconditionFailed
 from shared.storage._local import LocalStore
+from tests._support.fsyncs import record_fsyncs
 
 
 def _ino(root: Path, key: str) -> int:
@@ -143,19 +140,7 @@ async def test_a_durable_link_fsyncs_the_source_then_the_folder_and_the_parents_
 ) -> None:
     store = LocalStore(tmp_path, durable=True)
     await store.write("s/file", b"bytes")
-    synced: list[int] = []
-    real_fsync = os.fsync
-
-    def fsync(fd: int) -> None:
-        synced.append(os.fstat(fd).st_ino)
-        real_fsync(fd)
-
-    class Os:
-        def __getattr__(self, name: str) -> object:
-            return fsync if name == "fsync" else getattr(os, name)
-
-    for mod in (local_mod, fs_mod, tree_mod, put_mod, sync_mod):
-        monkeypatch.setattr(mod, "os", Os())
+    synced = record_fsyncs(monkeypatch)
     await store.copy("s/file", "d1/file")
     ino = {p: (tmp_path / p).stat().st_ino for p in ("", "d1", "s/file")}
     # The source's file first (its bytes on disk before a name points at them), the root for the

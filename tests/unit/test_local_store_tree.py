@@ -18,13 +18,11 @@ from pathlib import Path
 
 import pytest
 
-import shared.storage._local as local_mod
 import shared.storage._local_fs as fs_mod
-import shared.storage._local_put as put_mod
-import shared.storage._local_sync as sync_mod
 import shared.storage._local_tree as tree_mod
 from shared._errors import LinkRefused, NotFound
 from shared.storage._local import LocalStore
+from tests._support.fsyncs import record_fsyncs
 
 _REAL_OPENAT2 = tree_mod.openat2
 SECRET = b"outside the root"
@@ -155,19 +153,7 @@ async def test_a_durable_write_fsyncs_the_file_its_folder_and_the_parent_of_each
     root = tmp_path / "root"
     store = LocalStore(root, durable=True)
     await store.write("keep", b"warm")  # the root is opened (and openat2 probed) before counting
-    synced: list[int] = []
-    real_fsync = os.fsync
-
-    def fsync(fd: int) -> None:
-        synced.append(os.fstat(fd).st_ino)
-        real_fsync(fd)
-
-    class Os:
-        def __getattr__(self, name: str) -> object:
-            return fsync if name == "fsync" else getattr(os, name)
-
-    for mod in (local_mod, fs_mod, tree_mod, put_mod, sync_mod):
-        monkeypatch.setattr(mod, "os", Os())
+    synced = record_fsyncs(monkeypatch)
     info = await store.write("n1/n2/k", b"data")
     ino = {p: (root / p).stat().st_ino for p in ("", "n1", "n1/n2", "n1/n2/k")}
     assert int(info.version.split("-")[0], 16) == ino["n1/n2/k"]
