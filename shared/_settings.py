@@ -107,6 +107,9 @@ class StoreSettings(_Section, frozen=True):
     # Attempts the S3 and Azure SDKs make per request before an error reaches the caller
     # (1 = no SDK-level retries; callers retry with their own RetryPolicy either way).
     sdk_attempts: int = 3
+    # Threads of a local-files store (file://) per process: its blocking file calls run there.
+    # More threads than the disk can use add GIL handoffs, not throughput (docs/storage.md).
+    local_threads: int = 4
     # Chaos testing only: this fraction of store requests fails on purpose
     # (throttling, 5xx, lost replies). 0 = off. Never in production.
     chaos_fault_rate: float = 0.0
@@ -130,6 +133,8 @@ class StoreSettings(_Section, frozen=True):
             raise ValueError("store.request_timeout must be > 0")
         if not 1 <= self.sdk_attempts <= 10:
             raise ValueError("store.sdk_attempts must be between 1 and 10")
+        if not 1 <= self.local_threads <= 256:
+            raise ValueError("store.local_threads must be between 1 and 256")
 
 
 class LockSettings(_Section, frozen=True):

@@ -105,9 +105,17 @@ class LocalStore(StoreLifecycle):
     """An :class:`~shared.storage.ObjectStore` over a local directory."""
 
     def __init__(
-        self, root: Path, *, url: str | None = None, durable: bool = True, links: bool = True
+        self,
+        root: Path,
+        *,
+        url: str | None = None,
+        durable: bool = True,
+        links: bool = True,
+        threads: int = 4,
     ) -> None:
         """Open (and create) the store at ``root``; ``links=False`` makes every copy write its bytes.
+
+        ``threads``: how many threads run the store's file calls (``store.local_threads``).
 
         Raises:
             ConfigError: ``root`` is not absolute or cannot be created.
@@ -118,8 +126,10 @@ class LocalStore(StoreLifecycle):
         self._url = url or root.as_uri()
         self._tree = Tree(root, durable=durable)
         self._puts = Puts(self._tree, durable=durable, links=links)
-        # Our own pool: the event loop's default one has only cpu+4 threads,
-        # too few when many commits write at once.
+        # Our own pool (see _local_pool), small: with more threads than the disk
+        # can keep busy, each file call's GIL handoffs cost more CPU than the
+        # calls themselves (measured: docs/storage.md).
+        self._threads = max(1, threads)
         self._pool: ThreadPool | None = None
         try:
             root.mkdir(parents=True, exist_ok=True)  # the configured root may itself lie behind links
@@ -243,7 +253,8 @@ class LocalStore(StoreLifecycle):
     async def _run(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
         # A cancelled caller waits for its thread (see _local_pool), then goes on.
         if self._pool is None:
-            self._pool = ThreadPool(32, "cf-local-store")  # again after close(): a closed store reopens
+            # Again after close(): a closed store reopens.
+            self._pool = ThreadPool(self._threads, "cf-local-store")
         return await self._pool.run(partial(self._call, fn, *args, **kwargs))
 
     # -- the port -----------------------------------------------------------------

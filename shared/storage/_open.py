@@ -57,7 +57,7 @@ def _adapter(url: str, settings: StoreSettings) -> ObjectStore:
             raise ConfigError(f"file:// store URLs must be local (file:///abs/path): {url}")
         from ._local import LocalStore
 
-        return LocalStore(Path(unquote(parts.path)), url=url)
+        return LocalStore(Path(unquote(parts.path)), url=url, threads=settings.local_threads)
     if scheme == "s3":
         from ._s3 import S3Store
 

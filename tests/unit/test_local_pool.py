@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -103,3 +104,37 @@ async def test_close_ends_the_threads_and_refuses_new_calls() -> None:
         assert not t.is_alive()
     with pytest.raises(RuntimeError, match="closed"):
         await pool.run(lambda: None)
+
+
+async def test_a_local_store_runs_its_calls_on_store_local_threads_threads(tmp_path: Path) -> None:
+    from shared import load_settings
+    from shared._aio import TaskGroup
+    from shared._errors import ConfigError
+    from shared.storage import open_store
+    from shared.storage._local import LocalStore
+
+    settings = load_settings(env={}, overrides={"store": {"url": tmp_path.as_uri(), "local_threads": 2}})
+    names: set[str] = set()
+    release = threading.Event()
+    waiting = threading.Semaphore(0)
+
+    async with open_store(settings.store.url, settings.store) as store:
+        assert isinstance(store, LocalStore)
+        await store.write("warm", b"x")  # the pool starts with the first call
+        pool = store._pool
+        assert pool is not None
+
+        def call() -> None:
+            names.add(threading.current_thread().name)
+            waiting.release()
+            assert release.wait(10)
+
+        async with TaskGroup() as tg:
+            for _ in range(6):
+                tg.create_task(pool.run(call))
+            for _ in range(2):  # both threads busy: the other four calls queue
+                assert await asyncio.to_thread(waiting.acquire, True, 10)
+            release.set()
+        assert len(pool._threads) == 2 and len(names) == 2
+    with pytest.raises(ConfigError, match=r"store\.local_threads"):
+        load_settings(env={}, overrides={"store": {"url": tmp_path.as_uri(), "local_threads": 0}})
