@@ -7,6 +7,15 @@ few hundred microseconds of file work, so that bookkeeping was a visible part
 of a worker's CPU. Here a call is one queue item and one asyncio future, and
 the thread hands the answer back with one ``call_soon_threadsafe``.
 
+The pool keeps ``size`` threads, few: every file call gives up the GIL and
+takes it back, and threads beyond what the disk keeps busy add that handoff's
+CPU, not throughput. But a call must not wait long behind slow ones (big
+reads, a stripe held by a frozen process): a lease renewal queued behind them
+would run out. So when every thread is busy, a call still queued
+:data:`STALL_S` after it was submitted gets a thread of its own, up to
+``burst`` threads in all; such a surplus thread ends after :data:`SURPLUS_IDLE_S`
+without work.
+
 A call's future cannot be cancelled (:class:`_Pinned`): a thread cannot be
 stopped, and a write left running after its caller was cancelled (a holder
 whose lease ran out, a crashed commit) could land after the next holder read
@@ -22,29 +31,38 @@ import asyncio
 import queue
 import threading
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 T = TypeVar("T")
 
+# A call queued this long while every thread is busy gets a surplus thread.
+STALL_S = 0.5
+# A surplus thread with no work for this long ends.
+SURPLUS_IDLE_S = 2.0
+
 # One queued call: the future to answer, its loop, and the call itself.
-_Item = tuple["asyncio.Future[Any]", asyncio.AbstractEventLoop, Callable[[], Any]]
+_Item = tuple["_Pinned", asyncio.AbstractEventLoop, Callable[[], Any]]
 
 
 class _Pinned(asyncio.Future[Any]):
     """A future that refuses ``cancel()``: its caller waits for the thread, then is cancelled."""
+
+    taken = False  # set by the thread that takes its call
 
     def cancel(self, msg: Any | None = None) -> bool:
         return False
 
 
 class ThreadPool:
-    """Up to ``size`` daemon threads started on demand, kept until :meth:`close`."""
+    """``size`` daemon threads started on demand, kept until :meth:`close`; up to ``burst`` for stalls."""
 
-    def __init__(self, size: int, name: str) -> None:
+    def __init__(self, size: int, name: str, *, burst: int = 32) -> None:
         self._size = size
+        self._burst = max(size, burst)
         self._name = name
         self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()  # guards _threads (surplus threads remove themselves)
         self._idle = threading.Semaphore(0)  # released by a thread each time it waits for work
         self._closed = False
 
@@ -64,20 +82,35 @@ class ThreadPool:
         if self._closed:
             raise RuntimeError("the local store is closed")
         loop = asyncio.get_running_loop()
-        fut: asyncio.Future[T] = _Pinned(loop=loop)
+        fut = _Pinned(loop=loop)
         self._queue.put((fut, loop, call))
         if not self._idle.acquire(blocking=False) and len(self._threads) < self._size:
-            thread = threading.Thread(
-                target=self._work, name=f"{self._name}-{len(self._threads)}", daemon=True
-            )
-            thread.start()
-            self._threads.append(thread)
+            self._start(surplus=False)
+        elif len(self._threads) < self._burst:
+            # If this call is still queued in a moment, every thread is busy with
+            # slow calls: one more takes it. (Set whether or not a thread looked
+            # idle: the idle count can be ahead of the threads by a call.)
+            timer = loop.call_later(STALL_S, self._grow_if_stalled, fut)
+            fut.add_done_callback(lambda _f: timer.cancel())
         try:
-            return await fut
+            return cast(T, await fut)
         except asyncio.CancelledError:
             if fut.done() and not fut.cancelled():
                 fut.exception()  # the call's own failure is dropped with it: mark it seen
             raise
+
+    def _start(self, *, surplus: bool) -> None:
+        with self._lock:
+            thread = threading.Thread(
+                target=self._work, args=(surplus,), name=f"{self._name}-{len(self._threads)}", daemon=True
+            )
+            self._threads.append(thread)
+        thread.start()
+
+    def _grow_if_stalled(self, fut: _Pinned) -> None:
+        """Start a surplus thread when ``fut``'s call is still queued (runs on the loop)."""
+        if not (self._closed or fut.taken or fut.done() or len(self._threads) >= self._burst):
+            self._start(surplus=True)
 
     def close(self) -> None:
         """Let each thread end once the calls already queued are done; nothing new starts. Safe twice."""
@@ -87,9 +120,25 @@ class ThreadPool:
         for _ in self._threads:
             self._queue.put(None)
 
-    def _work(self) -> None:
-        while (item := self._queue.get()) is not None:
+    def _work(self, surplus: bool) -> None:
+        while True:
+            if not surplus:
+                item = self._queue.get()
+            else:
+                try:
+                    item = self._queue.get(timeout=SURPLUS_IDLE_S)
+                except queue.Empty:
+                    # No work for a while: end, unless a caller already counted on
+                    # this thread being idle (took its token): then wait on.
+                    if self._idle.acquire(blocking=False):
+                        with self._lock:
+                            self._threads.remove(threading.current_thread())
+                        return
+                    continue
+            if item is None:
+                return
             fut, loop, call = item
+            fut.taken = True
             try:
                 result = call()
             except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller, which re-raises it

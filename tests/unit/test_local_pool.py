@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import threading
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from shared._aio import TaskGroup
 from shared.storage._local_pool import ThreadPool
 
 
@@ -108,7 +110,6 @@ async def test_close_ends_the_threads_and_refuses_new_calls() -> None:
 
 async def test_a_local_store_runs_its_calls_on_store_local_threads_threads(tmp_path: Path) -> None:
     from shared import load_settings
-    from shared._aio import TaskGroup
     from shared._errors import ConfigError
     from shared.storage import open_store
     from shared.storage._local import LocalStore
@@ -138,3 +139,45 @@ async def test_a_local_store_runs_its_calls_on_store_local_threads_threads(tmp_p
         assert len(pool._threads) == 2 and len(names) == 2
     with pytest.raises(ConfigError, match=r"store\.local_threads"):
         load_settings(env={}, overrides={"store": {"url": tmp_path.as_uri(), "local_threads": 0}})
+
+
+async def test_a_call_queued_behind_busy_threads_gets_a_surplus_thread_up_to_burst(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import shared.storage._local_pool as pool_mod
+
+    monkeypatch.setattr(pool_mod, "SURPLUS_IDLE_S", 0.05)
+    pool = ThreadPool(1, "t", burst=2)
+    release = threading.Event()
+    started = threading.Semaphore(0)
+
+    def slow() -> str:
+        started.release()
+        assert release.wait(10)
+        return "slow"
+
+    try:
+        async with TaskGroup() as tg:
+            first = tg.create_task(pool.run(slow))
+            assert await asyncio.to_thread(started.acquire, True, 10)
+            # Every thread is busy: this call gets a thread of its own and ends first.
+            quick = await asyncio.wait_for(pool.run(lambda: "quick"), 10)
+            assert quick == "quick" and not first.done()
+            second = tg.create_task(pool.run(slow))
+            assert await asyncio.to_thread(started.acquire, True, 10)
+            # Two threads, both busy, burst 2: a third call waits for one of them.
+            third = tg.create_task(pool.run(lambda: "third"))
+            done, _ = await asyncio.wait({third}, timeout=0.2)
+            assert not done and len(pool._threads) == 2
+            release.set()
+        assert (first.result(), second.result(), third.result()) == ("slow", "slow", "third")
+        # The surplus thread ends once idle; the pool still answers calls after it.
+        deadline = asyncio.get_running_loop().time() + 10
+        while len(pool._threads) > 1:
+            assert asyncio.get_running_loop().time() < deadline, "the surplus thread never ended"
+            await asyncio.sleep(0.01)
+        answers = await asyncio.gather(*(pool.run(functools.partial(int, i)) for i in range(8)))
+        assert answers == list(range(8))
+    finally:
+        release.set()
+        pool.close()
