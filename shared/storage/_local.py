@@ -18,7 +18,8 @@ Guarantees, across processes on one host:
   version (the same file; copying that source again after deleting the copy
   brings that version back, with the same bytes). Files are never changed in
   place, so the copy keeps its bytes when the source is written again or
-  deleted. Where no link can be made (a source owned by another user,
+  deleted. Where no link can be made or should be (a source owned by
+  another user, with another name, or with set-id, sticky or execute bits;
   another file system mounted below the root, one without links) the bytes
   are copied into a new file like a write.
 
@@ -90,7 +91,7 @@ from .._errors import (
 )
 from ._local_fs import READ_FLAGS, checked_file, lstat_entry, os_error
 from ._local_pool import ThreadPool
-from ._local_put import STRIPE_DIR, TMP, Filler, Puts, split_key
+from ._local_put import STRIPE_DIR, TMP, Filler, Puts, linkable, split_key
 from ._local_scan import info_of as _info
 from ._local_scan import scan
 from ._local_scan import version_of as _version
@@ -196,8 +197,7 @@ class LocalStore(StoreLifecycle):
             if pin is not None and _version(st) != pin:
                 raise PreconditionFailed(f"copy {src}: the source is no longer at version {pin}")
             digest = hashlib.md5(usedforsecurity=False)
-            if self._puts.links and st.st_uid == os.geteuid():
-                # A link, where it can be, of a file we own (a copy would be ours too).
+            if self._puts.links and linkable(st):
                 while chunk := os.read(fd, _COPY_CHUNK):
                     digest.update(chunk)
                 linked = self._puts.link(root_fd, fd, dst)

@@ -10,7 +10,8 @@ hard link, no bytes written): the store never changes a file in place, each
 write being a new file renamed over the key, so a link reads exactly as a copy
 would, now and after the source is written again or deleted. Where a link
 cannot be made (another file system mounted below the root, one without
-links, too many links) the caller copies the bytes instead.
+links, too many links) or should not be (:func:`linkable`) the caller copies
+the bytes instead.
 """
 
 from __future__ import annotations
@@ -51,6 +52,18 @@ _NO_LINK = frozenset({errno.EXDEV, errno.EPERM, errno.EMLINK, errno.EOPNOTSUPP})
 
 class _SourceGone(Exception):
     """The file to link was deleted after it was opened (it can be copied, not linked)."""
+
+
+def linkable(st: os.stat_result) -> bool:
+    """Return True when a copy of this file may be a link to it rather than a new file.
+
+    Only a file that is exactly what a byte copy would make: ours (a copy is
+    owned by the worker's user), with no other name (a second name may lie
+    outside the root: a file planted as a hard link to one there must not
+    become a published object that *is* that file), and plain permissions (no
+    set-id, sticky or execute bit: a copy is made ``0644``).
+    """
+    return st.st_uid == os.geteuid() and st.st_nlink == 1 and not stat.S_IMODE(st.st_mode) & 0o7111
 
 
 def split_key(key: str) -> tuple[list[str], str]:
@@ -174,8 +187,8 @@ class Puts:
 
         def place(parent: int, cur: os.stat_result | None) -> None:
             if cur is not None and (cur.st_dev, cur.st_ino) == (source.st_dev, source.st_ino):
-                # Already this file (a copy made again): a rename onto another
-                # name of the same file would do nothing and leave the temp name.
+                # A copy onto its own key: a rename onto another name of the same
+                # file would do nothing and leave the temp name behind.
                 return
             if cur is None:
                 try:
@@ -257,4 +270,4 @@ class Puts:
         raise TransientError(f"{what}: its folder keeps disappearing")
 
 
-__all__ = ["STRIPES", "STRIPE_DIR", "TMP", "Filler", "Puts", "split_key"]
+__all__ = ["STRIPES", "STRIPE_DIR", "TMP", "Filler", "Puts", "linkable", "split_key"]

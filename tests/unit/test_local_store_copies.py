@@ -52,10 +52,46 @@ async def test_a_copy_over_an_existing_object_replaces_it_and_leaves_no_temp_nam
     info = await store.copy("a", "b")
     assert (await store.read("b")).data == b"source"
     assert _ino(tmp_path, "b") == _ino(tmp_path, "a") and info.checksum == _md5(b"source")
-    again = await store.copy("a", "b")  # the same file already: nothing to do
-    assert again.version == info.version
-    assert os.listdir(tmp_path / ".cf" / "tmp") == []
     assert os.stat(tmp_path / "a").st_nlink == 2  # a and b, no stray name
+    # Copied again: the source has two names now, so the bytes are copied (a new file).
+    again = await store.copy("a", "b")
+    assert again.version != info.version and (await store.read("b")).data == b"source"
+    assert os.stat(tmp_path / "a").st_nlink == 1
+    assert os.listdir(tmp_path / ".cf" / "tmp") == []
+
+
+async def test_a_copy_onto_its_own_key_changes_nothing(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path, durable=False)
+    src = await store.write("a", b"itself")
+    info = await store.copy("a", "a", source=src)
+    assert info.version == src.version and (await store.read("a")).data == b"itself"
+    assert os.stat(tmp_path / "a").st_nlink == 1
+    assert os.listdir(tmp_path / ".cf" / "tmp") == []
+
+
+async def test_a_staged_hard_link_to_a_file_outside_the_root_is_copied_not_linked(tmp_path: Path) -> None:
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_bytes(b"not the store's")
+    store = LocalStore(root, durable=False)
+    (root / "s").mkdir()
+    os.link(outside / "secret", root / "s" / "file")  # planted in the staging area
+    await store.copy("s/file", "d/file")
+    assert _ino(root, "d/file") != (outside / "secret").stat().st_ino
+    assert (outside / "secret").stat().st_nlink == 2  # the planted name only: no third name made
+    assert (root / "d" / "file").read_bytes() == b"not the store's"
+
+
+@pytest.mark.parametrize("mode", [0o755, 0o4644, 0o1644])
+async def test_a_source_with_execute_set_id_or_sticky_bits_is_copied_as_a_plain_file(
+    tmp_path: Path, mode: int
+) -> None:
+    store = LocalStore(tmp_path, durable=False)
+    await store.write("s/file", b"bits")
+    os.chmod(tmp_path / "s" / "file", mode)
+    await store.copy("s/file", "d/file")
+    assert _ino(tmp_path, "d/file") != _ino(tmp_path, "s/file")
+    assert (tmp_path / "d" / "file").stat().st_mode & 0o7111 == 0
 
 
 async def test_a_pinned_copy_of_a_changed_source_links_nothing(tmp_path: Path) -> None:
