@@ -117,7 +117,9 @@ class ThreadPool:
         if self._closed:
             return
         self._closed = True
-        for _ in self._threads:
+        with self._lock:  # a surplus thread may be ending meanwhile
+            count = len(self._threads)
+        for _ in range(count):
             self._queue.put(None)
 
     def _work(self, surplus: bool) -> None:
