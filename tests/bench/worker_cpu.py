@@ -16,6 +16,13 @@ stacks into FILE; py-spy must be installed and allowed to attach). With
 frames too: on local files much of the CPU is in the file system; read it with
 ``perf report -i FILE``). Target
 (issue 11): <= 7 ms of worker CPU per 10-task dataset.
+
+The figure moves by a third from one run to the next on a shared machine, and
+threefold between machines (it measures the disk as much as the code): compare
+two versions in the same runs, alternated::
+
+    git worktree add /tmp/before HEAD~3
+    .venv/bin/python -m tests.bench.worker_cpu --datasets 1000 --compare /tmp/before --rounds 3
 """
 
 from __future__ import annotations
@@ -23,10 +30,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import secrets
 import shutil
 import signal
+import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -163,6 +173,37 @@ async def run(args: argparse.Namespace) -> float:
     return float(per)
 
 
+_FIGURE = re.compile(r"= ([0-9.]+) ms per dataset")
+
+
+def _one_run(checkout: Path, args: argparse.Namespace) -> float:
+    """Run this script once in ``checkout`` (its own code, a fresh fleet); return its ms per dataset."""
+    argv = [sys.executable, "-m", "tests.bench.worker_cpu", "--datasets", str(args.datasets)]
+    argv += ["--tasks", str(args.tasks), "--per-job", str(args.per_job), "--workers", str(args.workers)]
+    argv += ["--shards", str(args.shards)]
+    env = {**os.environ, "PYTHONPATH": str(checkout)}
+    done = subprocess.run(argv, cwd=checkout, env=env, capture_output=True, text=True, check=True)
+    line = done.stdout.strip().splitlines()[-1]
+    m = _FIGURE.search(line)
+    if m is None:
+        raise SystemExit(f"no figure in the output of {checkout}: {line!r}")
+    print(f"  {checkout}: {line}", flush=True)
+    return float(m.group(1))
+
+
+def compare(args: argparse.Namespace) -> None:
+    """Alternate this checkout and ``--compare``'s, ``--rounds`` times; print each ratio and their median."""
+    here = Path(__file__).resolve().parents[2]
+    other = Path(args.compare).resolve()
+    ratios = []
+    for k in range(args.rounds):
+        first, second = (other, here) if k % 2 == 0 else (here, other)  # neither always goes first
+        got = {first: _one_run(first, args), second: _one_run(second, args)}
+        ratios.append(got[here] / got[other])
+        print(f"round {k + 1}: this checkout / {other.name}: {ratios[-1]:.2f}x", flush=True)
+    print(f"median ratio this checkout / {other}: {statistics.median(ratios):.2f}x over {args.rounds} rounds")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--datasets", type=int, default=2000)
@@ -173,7 +214,13 @@ def main() -> None:
     p.add_argument("--commands", action="store_true", help="print the Redis commands per dataset")
     p.add_argument("--py-spy", default="", help="sample the first worker with py-spy into this file")
     p.add_argument("--perf", default="", help="sample every worker with perf record -g into this file")
-    asyncio.run(run(p.parse_args()))
+    p.add_argument("--compare", default="", help="another checkout: run both alternately, print the ratios")
+    p.add_argument("--rounds", type=int, default=3, help="with --compare: pairs of runs")
+    args = p.parse_args()
+    if args.compare:
+        compare(args)
+    else:
+        asyncio.run(run(args))
 
 
 if __name__ == "__main__":
