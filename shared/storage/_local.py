@@ -200,9 +200,8 @@ class LocalStore(StoreLifecycle):
             if self._puts.links and linkable(st):
                 while chunk := os.read(fd, _COPY_CHUNK):
                     digest.update(chunk)
-                linked = self._puts.link(root_fd, fd, dst)
-                if linked is not None:
-                    return dataclasses.replace(_info(dst, linked), checksum=digest.hexdigest())
+                if self._puts.link(root_fd, fd, st, dst):
+                    return dataclasses.replace(_info(dst, st), checksum=digest.hexdigest())
                 os.lseek(fd, 0, os.SEEK_SET)
                 digest = hashlib.md5(usedforsecurity=False)
 

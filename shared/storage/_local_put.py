@@ -66,6 +66,11 @@ def linkable(st: os.stat_result) -> bool:
     return st.st_uid == os.geteuid() and st.st_nlink == 1 and not stat.S_IMODE(st.st_mode) & 0o7111
 
 
+def _temp_name() -> str:
+    """Return a fresh name for a file in ``.cf/tmp`` (this process's id first: whose it was)."""
+    return f"{os.getpid()}-{secrets.token_hex(8)}"
+
+
 def split_key(key: str) -> tuple[list[str], str]:
     """Return a key's folders and its last name (raises BadInput for a bad key)."""
     parts = check_key(key).split("/")
@@ -86,7 +91,7 @@ class Puts:
         if not self.links:
             return
         with self._tree.folder(root_fd, TMP, what="open the local store", create=True) as tmpdir:
-            name = f"{os.getpid()}-{secrets.token_hex(8)}"
+            name = _temp_name()
             fd = os.open(name, NEW_FILE_FLAGS, 0o644, dir_fd=tmpdir)
             try:
                 os.link(f"/proc/self/fd/{fd}", f"{name}-link", dst_dir_fd=tmpdir, follow_symlinks=True)
@@ -140,7 +145,7 @@ class Puts:
         folders, name = split_key(key)
         what = f"write {key}"
         with self._tree.folder(root_fd, TMP, what=what, create=True) as tmpdir:
-            tmp = f"{os.getpid()}-{secrets.token_hex(8)}"
+            tmp = _temp_name()
             fd = os.open(tmp, NEW_FILE_FLAGS, 0o644, dir_fd=tmpdir)
             installed = False
             try:
@@ -163,19 +168,22 @@ class Puts:
                         os.unlink(tmp, dir_fd=tmpdir)
         return info_of(key, st)
 
-    def link(self, root_fd: int, fd: int, dst: str) -> os.stat_result | None:
-        """Make ``dst`` name the open file ``fd`` (replacing it); return the file's stat.
+    def link(self, root_fd: int, fd: int, source: os.stat_result, dst: str) -> bool:
+        """Make ``dst`` name the open file ``fd`` (``source``: its fstat), replacing what is there.
+
+        A link changes neither the file's size nor its version (inode and
+        mtime): ``source`` describes ``dst`` afterwards.
 
         Returns:
-            None where no link can be made here, or the file was deleted
-            since it was opened (nothing changed: the caller copies the bytes).
+            True when linked; False where no link can be made here, or the file
+            was deleted since it was opened (nothing changed: the caller copies
+            the bytes).
 
         Raises:
             As :meth:`install`.
         """
         folders, name = split_key(dst)
         me = f"/proc/self/fd/{fd}"
-        source = os.fstat(fd)
 
         def link_at(folder: int, to: str) -> None:
             try:
@@ -198,7 +206,7 @@ class Puts:
                     pass  # made meanwhile by someone not holding the stripe: replace it like a write
             # Over an existing file: linked under a temp name, then renamed over it (atomic).
             with self._tree.folder(root_fd, TMP, what=f"copy to {dst}", create=True) as tmpdir:
-                tmp = f"{os.getpid()}-{secrets.token_hex(8)}"
+                tmp = _temp_name()
                 link_at(tmpdir, tmp)
                 try:
                     os.rename(tmp, name, src_dir_fd=tmpdir, dst_dir_fd=parent)
@@ -214,12 +222,12 @@ class Puts:
         try:
             self.install(root_fd, folders, name, dst, place, absent=False, version=None)
         except _SourceGone:
-            return None
+            return False
         except OSError as exc:
             if exc.errno in _NO_LINK:
-                return None
+                return False
             raise
-        return os.fstat(fd)
+        return True
 
     def install(
         self,

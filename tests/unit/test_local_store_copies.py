@@ -160,9 +160,9 @@ async def test_a_source_deleted_after_it_was_opened_is_copied_from_the_open_file
     src = await store.write("s/file", b"still readable")
     real_link = put_mod.Puts.link
 
-    def delete_first(self: put_mod.Puts, root_fd: int, fd: int, dst: str) -> os.stat_result | None:
+    def delete_first(self: put_mod.Puts, root_fd: int, fd: int, source: os.stat_result, dst: str) -> bool:
         os.unlink(tmp_path / "s" / "file")  # the source goes between the open and the link
-        return real_link(self, root_fd, fd, dst)
+        return real_link(self, root_fd, fd, source, dst)
 
     monkeypatch.setattr(put_mod.Puts, "link", delete_first)
     info = await store.copy("s/file", "d/file", source=src)
