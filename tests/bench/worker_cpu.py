@@ -57,11 +57,6 @@ def cpu_split(pid: int) -> tuple[float, float]:
     return int(fields[11]) / tick, int(fields[12]) / tick
 
 
-def cpu_seconds(pid: int) -> float:
-    """Return the user + system CPU time of ``pid`` in seconds."""
-    return sum(cpu_split(pid))
-
-
 async def committed(r: redis.asyncio.Redis, keys: Keys) -> int:
     return int(await r.hget(keys.outcome_counts, "committed") or 0)
 
