@@ -4,7 +4,9 @@ Stages ``--datasets`` N datasets x ``--tasks`` tasks (one file each) on a
 temporary local store, then starts a coordinator and ``--workers`` worker
 processes on a private redis-server, publishes every job, waits until all are
 committed, and prints the workers' CPU time (user + system, from /proc) per
-committed dataset, counted from the first publish to the last commit::
+committed dataset, counted from the first publish to the last commit, split
+into the event loop's thread and the others (the local store's), with the
+context switches per dataset (every fsync that waits for the disk costs a few)::
 
     .venv/bin/python -m tests.bench.worker_cpu --datasets 2000
     .venv/bin/python -m tests.bench.worker_cpu --datasets 2000 --py-spy /tmp/w.txt
@@ -55,6 +57,31 @@ def cpu_split(pid: int) -> tuple[float, float]:
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     tick = os.sysconf("SC_CLK_TCK")
     return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def main_thread_cpu(pid: int) -> float:
+    """Return the user + system CPU seconds of ``pid``'s main thread (the event loop's)."""
+    fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def switches(pid: int) -> tuple[int, int]:
+    """Return the voluntary and involuntary context switches of ``pid``'s live threads.
+
+    Threads that ended are not counted (the store's surplus threads, when any ran).
+    """
+    vol = invol = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            text = (task / "status").read_text()
+        except OSError:  # the thread ended meanwhile
+            continue
+        for line in text.splitlines():
+            if line.startswith("voluntary_ctxt_switches:"):
+                vol += int(line.split()[1])
+            elif line.startswith("nonvoluntary_ctxt_switches:"):
+                invol += int(line.split()[1])
+    return vol, invol
 
 
 async def committed(r: redis.asyncio.Redis, keys: Keys) -> int:
@@ -125,6 +152,8 @@ async def run(args: argparse.Namespace) -> float:
         if args.commands:
             await r.config_resetstat()
         before = [cpu_split(p.pid) for p in workers]
+        sw_before = [switches(p.pid) for p in workers]
+        loop_before = [main_thread_cpu(p.pid) for p in workers]
         t0 = time.monotonic()
         pub = AsyncPublisher(r, fleet, args.shards)
         for evs in jobs:
@@ -133,6 +162,10 @@ async def run(args: argparse.Namespace) -> float:
             await asyncio.sleep(0.1)
         elapsed = time.monotonic() - t0
         after = [cpu_split(p.pid) for p in workers]
+        sw_after = [switches(p.pid) for p in workers]
+        on_loop = sum(main_thread_cpu(p.pid) for p in workers) - sum(loop_before)
+        vol = sum(a[0] - b[0] for a, b in zip(sw_after, sw_before, strict=True))
+        invol = sum(a[1] - b[1] for a, b in zip(sw_after, sw_before, strict=True))
         user: float = sum(a[0] - b[0] for a, b in zip(after, before, strict=True))
         system: float = sum(a[1] - b[1] for a, b in zip(after, before, strict=True))
         used = user + system
@@ -160,6 +193,12 @@ async def run(args: argparse.Namespace) -> float:
         server.stop()
         shutil.rmtree(work, ignore_errors=True)
     per = used / args.datasets * 1000
+    print(
+        f"context switches per dataset: {vol / args.datasets:.1f} voluntary, "
+        f"{invol / args.datasets:.1f} involuntary; the event loop's thread "
+        f"{on_loop / args.datasets * 1000:.2f} ms per dataset, "
+        f"the others {(used - on_loop) / args.datasets * 1000:.2f}"
+    )
     print(
         f"{args.datasets} datasets x {args.tasks} tasks, {args.workers} workers: {elapsed:.1f} s, "
         f"{args.datasets / elapsed:.0f} datasets/s, worker CPU {used:.1f} s = {per:.2f} ms per dataset "
