@@ -4,7 +4,8 @@ A lease that is lost (renewal refused, or its local deadline passed before a
 renewal got through) sets :attr:`HeldLease.lost`; when the lease guards a block
 that block's task is cancelled at once (and again until it leaves) and the
 block ends with :class:`LockLost`, as does a block that ends past the lease's
-local deadline.
+local deadline. The renewals themselves (the heartbeat's loop) are in
+:mod:`._renew`.
 """
 
 from __future__ import annotations
@@ -17,16 +18,15 @@ from typing import TYPE_CHECKING, Final
 from .._aio import cancel_until_done
 from .._errors import Fenced, LockLost, NotFound, OutcomeUnknown, PreconditionFailed, TransientError
 from .._retry import retry
-from ._io import AMBIGUOUS, READ_AGAIN, RELEASES, SEEN, new_nonce, observe, run_shielded
+from ._io import READ_AGAIN, RELEASES, SEEN, new_nonce, observe, run_shielded
+from ._renew import Renewals
 from ._state import (
     LockRecord,
     Observed,
     Resolution,
     encode_record,
     local_deadline,
-    poll_delay,
     released_record,
-    renewed_record,
     resolve_holder_write,
 )
 
@@ -42,7 +42,7 @@ log = logging.getLogger("shared.locks")
 _ENFORCE_S: Final = 0.25
 
 
-class HeldLease:
+class HeldLease(Renewals):
     """One holding of a :class:`StorageLock` (implements :class:`~shared.locks.Lease`).
 
     Created by :meth:`StorageLock.acquire` / :meth:`StorageLock.try_acquire`
@@ -201,76 +201,6 @@ class HeldLease:
         task = self._guarded
         if task is not None and not task.done():
             self._cancel_guarded(task)
-
-    async def _beat(self) -> None:
-        s = self._lock.settings
-        failures = 0
-        mono = self._lock.monotonic
-        while not self._closing:
-            if failures == 0:
-                delay = self._renewed_at() + s.renew_interval - mono()
-            else:
-                delay = poll_delay(failures - 1, now=0.0, until=None, settings=s, rng=self._lock.rng)
-            await asyncio.sleep(max(0.0, min(delay, self._deadline - mono())))
-            if mono() >= self._deadline:
-                self._mark_lost(LockLost(f"lock {self.name} ran out locally before a renewal got through"))
-                return
-            timeout = asyncio.timeout(self._deadline - mono())
-            try:
-                async with timeout:
-                    outcome = await self._renew_once()
-            except TimeoutError:
-                if not timeout.expired():
-                    raise
-                self._mark_lost(LockLost(f"lock {self.name} ran out locally while renewing"))
-                return
-            if outcome is Resolution.OURS:
-                failures = 0
-            elif outcome is Resolution.UNCHANGED:
-                failures += 1
-            else:
-                self._superseded = True
-                self._mark_lost(self._loss_reason("renewal refused"))
-                return
-
-    def _renewed_at(self) -> float:
-        return self._deadline - self._lock.settings.validity + self._lock.settings.max_drift
-
-    async def _renew_once(self) -> Resolution:
-        lock = self._lock
-        nonce = new_nonce()
-        started = lock.monotonic()
-        record = renewed_record(self._record, now=lock.clock(), nonce=nonce, settings=lock.settings)
-        self._pending[nonce] = started
-        try:
-            info = await lock.store.write_if_match(lock.key, encode_record(record), self._version)
-        except AMBIGUOUS as exc:
-            log.debug("renewal of %s answered %r; re-reading", self.name, exc)
-            return await self._resolve()
-        self._confirm(record, info.version, started)
-        return Resolution.OURS
-
-    async def _resolve(self) -> Resolution:
-        """Re-read after an ambiguous write; adopt the object if it shows one of our writes."""
-        try:
-            current = await observe(self._lock.store, self._lock.key)
-        except READ_AGAIN:
-            return Resolution.UNCHANGED
-        outcome = resolve_holder_write(
-            current,
-            owner=self.owner,
-            epoch=self.epoch,
-            known_version=self._version,
-            nonces=self._pending,
-        )
-        if outcome is Resolution.OURS:
-            assert current is not None
-            self._confirm(current.record, current.version, self._pending[current.record.nonce])
-            if current.record.released:
-                # Our own release landed (seen while releasing); nothing more to renew.
-                return Resolution.OURS
-        self._last_seen = current
-        return outcome
 
     def _confirm(self, record: LockRecord, version: str, started: float) -> None:
         self._record = record
