@@ -344,7 +344,6 @@ class LogSettings(_Section, frozen=True):
 # -- tables (Iceberg catalog for bound datasets; see docs/tables.md) --------------------
 
 TableMode = Literal["append", "create", "overwrite"]
-TABLE_MODES: tuple[TableMode, ...] = ("append", "create", "overwrite")
 
 
 class TableBindingSettings(_Section, frozen=True):
