@@ -18,7 +18,6 @@ Rules (they close the holes of Gobblin's store):
 
 from __future__ import annotations
 
-import secrets
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -26,6 +25,7 @@ from typing import TypeVar
 import msgspec
 
 from .._errors import BadInput, Fenced, NotFound, OutcomeUnknown, PreconditionFailed, TransientError
+from .._nonce import nonce
 from .._retry import RetryPolicy, retry
 from ..events import wal_key
 from ..locks import Lease
@@ -207,7 +207,7 @@ class WalHandle:
             self._seq,
             **changes,
             epoch=self._lease.epoch,
-            nonce=secrets.token_hex(8),
+            nonce=nonce(),
             updated_at=self._clock(),
         )
         body = encode_sequence(new)
@@ -347,7 +347,7 @@ async def create_sequence(
         epoch=lease.epoch,
         attempts=1,
         quarantined=None,
-        nonce=secrets.token_hex(8),
+        nonce=nonce(),
         updated_at=clock(),
     )
     current, version, created = await _create(store, fresh, key, policy, registry)

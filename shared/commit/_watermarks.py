@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import secrets
 import sys
 from collections.abc import Mapping
 
 import msgspec
 
 from .._errors import BadInput, NotFound, PreconditionFailed, TransientError
+from .._nonce import nonce
 from .._recent import GUESS_LIMIT, Recent
 from ..events import watermarks_key
 from ..storage import ObjectStore
@@ -150,9 +150,7 @@ class AdvanceWatermarks(CommitStep, frozen=True, kw_only=True, tag="watermarks")
             if version is not None and merged == current:
                 return False
             body = _encoder.encode(
-                WatermarksDoc(
-                    dataset=self.dataset, values=merged, updated_at=ctx.clock(), nonce=secrets.token_hex(8)
-                )
+                WatermarksDoc(dataset=self.dataset, values=merged, updated_at=ctx.clock(), nonce=nonce())
             )
             ctx.lease.check()
             try:

@@ -16,6 +16,7 @@ from typing import Final, TypeVar
 import msgspec
 
 from .._errors import NotFound, OutcomeUnknown, PreconditionFailed, TransientError
+from .._nonce import nonce
 from .._recent import GUESS_LIMIT, Recent
 from ..storage import ObjectStore
 from ._state import LockRecord, Observed, decode_record, lock_key
@@ -38,7 +39,7 @@ def default_owner() -> str:
 
 def new_nonce() -> str:
     """Return a fresh random nonce (16 hex digits): one per write, so every write changes the bytes."""
-    return secrets.token_hex(8)
+    return nonce()
 
 
 async def run_shielded(aw: Awaitable[T]) -> T:

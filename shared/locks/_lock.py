@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import random
 import time
 from collections.abc import AsyncIterator
@@ -62,6 +63,13 @@ from ._state import (
 )
 
 log = logging.getLogger("shared.locks")
+
+# The jitter of every lock without an rng of its own: one generator per process
+# (seeding one takes 2.5 KB from os.urandom, once per lock object before),
+# seeded again in a forked child so that parent and child do not poll in step.
+_RNG = random.Random()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_RNG.seed)
 
 
 class StorageLock:
@@ -113,7 +121,7 @@ class StorageLock:
         self._clock = clock
         self._monotonic = monotonic
         self._retry = retry or RetryPolicy(attempts=6, initial=0.05, maximum=1.0, budget=settings.validity)
-        self._rng = rng or random.Random()
+        self._rng = rng or _RNG
         self._lease: HeldLease | None = None
         self._notifier = notifier
 

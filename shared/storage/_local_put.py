@@ -20,13 +20,14 @@ import contextlib
 import errno
 import fcntl
 import os
-import secrets
+import random
 import stat
 import time
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 
 from .._errors import BadInput, NotFound, PreconditionFailed, TransientError
+from .._nonce import nonce
 from ._local_fs import NEW_FILE_FLAGS, lstat_entry
 from ._local_scan import info_of, version_of
 from ._local_sync import FolderSyncs
@@ -68,7 +69,7 @@ def linkable(st: os.stat_result) -> bool:
 
 def _temp_name() -> str:
     """Return a fresh name for a file in ``.cf/tmp`` (this process's id first: whose it was)."""
-    return f"{os.getpid()}-{secrets.token_hex(8)}"
+    return f"{os.getpid()}-{nonce()}"
 
 
 def split_key(key: str) -> tuple[list[str], str]:
@@ -150,7 +151,7 @@ class Puts:
             installed = False
             try:
                 fill(fd)
-                stamp = time.time_ns() + secrets.randbelow(1_000_000)
+                stamp = time.time_ns() + random.randrange(1_000_000)
                 os.utime(fd, ns=(stamp, stamp))
                 if self._durable:
                     os.fsync(fd)  # bytes and stamp on disk before the name points at them
