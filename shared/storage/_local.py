@@ -100,6 +100,10 @@ from ._port import ObjectData, ObjectInfo, StoreLifecycle, check_key, check_pref
 
 T = TypeVar("T")
 _COPY_CHUNK = 1 << 20
+# The folder of the lock objects (``shared.locks.lock_key``): calls on them jump
+# the threads' queue, so that a renewal or a release does not wait behind a
+# backlog of file calls on a saturated disk.
+URGENT_PREFIX = "_locks/"
 
 
 class LocalStore(StoreLifecycle):
@@ -249,12 +253,13 @@ class LocalStore(StoreLifecycle):
         except OSError as exc:
             raise os_error(exc, getattr(fn, "__name__", "local store").lstrip("_")) from exc
 
-    async def _run(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
+    async def _run(self, fn: Callable[..., T], key: str, *args: object, **kwargs: object) -> T:
         # A cancelled caller waits for its thread (see _local_pool), then goes on.
         if self._pool is None:
             # Again after close(): a closed store reopens.
             self._pool = ThreadPool(self._threads, "cf-local-store")
-        return await self._pool.run(partial(self._call, fn, *args, **kwargs))
+        call = partial(self._call, fn, key, *args, **kwargs)
+        return await self._pool.run(call, urgent=key.startswith(URGENT_PREFIX))
 
     # -- the port -----------------------------------------------------------------
 

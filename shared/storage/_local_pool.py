@@ -16,6 +16,10 @@ would run out. So when every thread is busy, a call still queued
 ``burst`` threads in all; such a surplus thread ends after :data:`SURPLUS_IDLE_S`
 without work.
 
+Calls marked urgent (the store marks those on lock objects) jump the queue:
+a free thread takes them before any call queued earlier, so a lease renewal
+or a lock release does not wait behind a backlog of quick file calls either.
+
 A call's future cannot be cancelled (:class:`_Pinned`): a thread cannot be
 stopped, and a write left running after its caller was cancelled (a holder
 whose lease ran out, a crashed commit) could land after the next holder read
@@ -28,10 +32,11 @@ future is done). File calls are short, so the wait is too.
 from __future__ import annotations
 
 import asyncio
+import collections
 import queue
 import threading
 from collections.abc import Callable
-from typing import Any, TypeVar, cast
+from typing import Any, Final, TypeVar, cast
 
 T = TypeVar("T")
 
@@ -42,6 +47,8 @@ SURPLUS_IDLE_S = 2.0
 
 # One queued call: the future to answer, its loop, and the call itself.
 _Item = tuple["_Pinned", asyncio.AbstractEventLoop, Callable[[], Any]]
+# Queued in place of an urgent call (which waits in the urgent lane): it wakes a thread.
+_URGENT: Final = object()
 
 
 class _Pinned(asyncio.Future[Any]):
@@ -60,14 +67,15 @@ class ThreadPool:
         self._size = size
         self._burst = max(size, burst)
         self._name = name
-        self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_Item | object | None] = queue.SimpleQueue()
+        self._urgent: collections.deque[_Item] = collections.deque()  # taken before the queue
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()  # guards _threads (surplus threads remove themselves)
         self._idle = threading.Semaphore(0)  # released by a thread each time it waits for work
         self._closed = False
 
-    async def run(self, call: Callable[[], T]) -> T:
-        """Run ``call()`` on a thread of the pool.
+    async def run(self, call: Callable[[], T], *, urgent: bool = False) -> T:
+        """Run ``call()`` on a thread of the pool; ``urgent``: before every call queued earlier.
 
         Returns:
             What ``call`` returned.
@@ -83,7 +91,13 @@ class ThreadPool:
             raise RuntimeError("the local store is closed")
         loop = asyncio.get_running_loop()
         fut = _Pinned(loop=loop)
-        self._queue.put((fut, loop, call))
+        if urgent:
+            # In its lane first, then the token that wakes a thread: whichever
+            # thread takes a token finds the call there (or another took it).
+            self._urgent.append((fut, loop, call))
+            self._queue.put(_URGENT)
+        else:
+            self._queue.put((fut, loop, call))
         if not self._idle.acquire(blocking=False) and len(self._threads) < self._size:
             self._start(surplus=False)
         elif len(self._threads) < self._burst:
@@ -137,19 +151,32 @@ class ThreadPool:
                             self._threads.remove(threading.current_thread())
                         return
                     continue
+            while True:  # urgent calls first, whatever this thread was woken for
+                try:
+                    urgent = self._urgent.popleft()
+                except IndexError:  # none left (another thread may have taken this token's)
+                    break
+                _run_item(urgent)
+                del urgent
             if item is None:
                 return
-            fut, loop, call = item
-            fut.taken = True
-            try:
-                result = call()
-            except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller, which re-raises it
-                _answer(loop, _fail, fut, exc)
-            else:
-                _answer(loop, _succeed, fut, result)
-                del result  # an idle thread must not keep the last answer alive (a big read's bytes)
-            del item, fut, call
+            if item is not _URGENT:
+                _run_item(cast(_Item, item))
+            del item
             self._idle.release()
+
+
+def _run_item(item: _Item) -> None:
+    """Run one queued call on this thread and hand its answer (or failure) to its loop."""
+    fut, loop, call = item
+    fut.taken = True
+    try:
+        result = call()
+    except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller, which re-raises it
+        _answer(loop, _fail, fut, exc)
+    else:
+        _answer(loop, _succeed, fut, result)
+        del result  # an idle thread must not keep the last answer alive (a big read's bytes)
 
 
 def _answer(
