@@ -58,7 +58,17 @@ BACKFILL_PAGE = 1000
 # Paths served without token or Host check.
 OPEN_PATHS = frozenset({"/healthz"})
 _DATA = DATA_FIELD.encode()
-STREAM_ID = re.compile(r"\$|\d{1,20}(-\d{1,20})?")
+STREAM_ID = re.compile(r"\$|[0-9]{1,20}(-[0-9]{1,20})?")
+_U64_MAX = 2**64 - 1
+
+
+def stream_id_ok(text: str) -> bool:
+    """Return True when ``text`` is ``$`` or a stream id Redis takes (``ms[-seq]``, each below 2**64)."""
+    if not STREAM_ID.fullmatch(text):
+        return False
+    return text == "$" or all(int(part) <= _U64_MAX for part in text.split("-"))
+
+
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -287,7 +297,7 @@ class AdminServer:
         types = {t for t in q.get("type", "").split(",") if t}
         dataset, job = q.get("dataset"), q.get("job")
         start = request.headers.get("Last-Event-ID") or q.get("from", "$")
-        if not STREAM_ID.fullmatch(start):
+        if not stream_id_ok(start):
             error = f"bad stream id {start[:40]!r}: use $, 0 or ms-seq"
             return web.json_response({"error": error}, status=400)
         resp = web.StreamResponse(headers=SSE_HEADERS)

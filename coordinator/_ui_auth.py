@@ -75,15 +75,21 @@ def session_value(token: str) -> str:
     return hmac.new(token.encode(), b"commitfleet console session v1", hashlib.sha256).hexdigest()
 
 
+def _raw(text: str) -> bytes:
+    # A header's bytes that are not UTF-8 come in as surrogates: they never
+    # match a token, and must not fail the request (surrogatepass encodes any).
+    return text.encode("utf-8", "surrogatepass")
+
+
 def bearer_ok(headers: Mapping[str, str], token: str) -> bool:
-    """Return True when the ``Authorization`` header carries ``token``."""
+    """Return True when the ``Authorization`` header carries ``token`` (any bytes: False, never an error)."""
     scheme, _, given = headers.get("Authorization", "").partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
+    return scheme.lower() == "bearer" and hmac.compare_digest(_raw(given.strip()), token.encode())
 
 
 def cookie_ok(cookies: Mapping[str, str], token: str) -> bool:
-    """Return True when the session cookie was made from ``token``."""
-    return hmac.compare_digest(cookies.get(SESSION_COOKIE, "").encode(), session_value(token).encode())
+    """Return True when the session cookie was made from ``token`` (any bytes: False, never an error)."""
+    return hmac.compare_digest(_raw(cookies.get(SESSION_COOKIE, "")), session_value(token).encode())
 
 
 def authorized(headers: Mapping[str, str], cookies: Mapping[str, str], token: str) -> bool:

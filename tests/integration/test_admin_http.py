@@ -357,3 +357,40 @@ async def test_commit_history_reads_the_last_hour_back_in_pages(
 
             _s.stdout.flush()
         assert done
+
+
+async def _raw_status(port: int, request: bytes) -> int:
+    """Send ``request`` as is (bytes no client library would send) and return the answer's status."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request)
+        await writer.drain()
+        line = await asyncio.wait_for(reader.readline(), 20)
+        return int(line.split()[1])
+    finally:
+        writer.close()
+        await writer.wait_closed()
+
+
+async def test_credentials_that_are_not_utf8_are_refused_not_an_error(start_admin: Start) -> None:
+    server = await start_admin(admin_token=TOKEN)
+    for header in (b"Authorization: Bearer \xff\xfe", b"Cookie: commitfleet_session=\xff\xfe\xed\xa0\x80"):
+        request = b"GET /status HTTP/1.1\r\nHost: localhost\r\n" + header + b"\r\nConnection: close\r\n\r\n"
+        assert await _raw_status(server.port, request) == 401, header
+
+
+async def test_a_stream_id_redis_would_refuse_is_a_bad_request(start_admin: Start) -> None:
+    server = await start_admin(admin_token=TOKEN)
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    async with client(server, **auth) as (http, base):
+        too_big = str(2**64)  # one past what Redis takes
+        for start in (too_big, f"1-{too_big}", "99999999999999999999", "\u0661\u0662\u0663"):
+            async with http.get(f"{base}/events", params={"from": start}) as resp:
+                assert resp.status == 400, start
+                assert "bad stream id" in (await resp.json())["error"]
+            async with http.get(f"{base}/events", headers={"Last-Event-ID": start}) as resp:
+                assert resp.status == 400, start
+        # The largest id Redis takes is still served (an empty stream from there on).
+        biggest = f"{2**64 - 1}-{2**64 - 1}"
+        async with http.get(f"{base}/events", params={"from": biggest}) as resp:
+            assert resp.status == 200
