@@ -374,6 +374,7 @@ async def _raw_status(port: int, request: bytes) -> int:
 
 async def test_credentials_that_are_not_utf8_are_refused_not_an_error(start_admin: Start) -> None:
     server = await start_admin(admin_token=TOKEN)
+    assert server.port is not None
     for header in (b"Authorization: Bearer \xff\xfe", b"Cookie: commitfleet_session=\xff\xfe\xed\xa0\x80"):
         request = b"GET /status HTTP/1.1\r\nHost: localhost\r\n" + header + b"\r\nConnection: close\r\n\r\n"
         assert await _raw_status(server.port, request) == 401, header
