@@ -211,8 +211,9 @@ class WorkerSettings(_Section, frozen=True):
             raise ValueError("worker.heartbeat must be at most a third of worker.lease")
         if self.job_timeout <= 0 or self.max_job_duration < 0:
             raise ValueError("worker.job_timeout must be > 0 and worker.max_job_duration >= 0")
-        if self.read_batch < 1 or self.max_inflight_datasets < 1:
-            raise ValueError("worker.read_batch and worker.max_inflight_datasets must be >= 1")
+        if not 1 <= self.read_batch <= 10_000 or self.max_inflight_datasets < 1:
+            # Each batch is judged and saved whole (one script): its size bounds a save's memory and time.
+            raise ValueError("worker.read_batch must be 1..10000 and worker.max_inflight_datasets >= 1")
 
 
 class CoordinatorSettings(_Section, frozen=True):

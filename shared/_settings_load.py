@@ -10,6 +10,7 @@ The sections and their checks live in :mod:`shared._settings`.
 
 from __future__ import annotations
 
+import math
 import os
 import tomllib
 from collections.abc import Mapping
@@ -49,6 +50,35 @@ def _env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
         else:
             out.setdefault(section, {})[key] = value
     return out
+
+
+def _check_text(env: Mapping[str, str]) -> None:
+    """Raise ConfigError naming the first of our variables whose value is not UTF-8 text.
+
+    Bytes that are not UTF-8 reach ``os.environ`` as surrogates, which no
+    setting can hold.
+    """
+    for var, value in env.items():
+        if var.startswith(ENV_PREFIX) or var in _SHORTCUTS:
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ConfigError(f"{var} is not valid UTF-8 text") from None
+
+
+def _check_finite(section: msgspec.Struct, where: str) -> None:
+    """Raise ConfigError naming the first number in ``section`` (recursively) that is NaN or infinite.
+
+    ``nan`` and ``inf`` parse as floats, but no setting means anything by
+    them: every comparison with NaN is false, so it would pass each range
+    check and then break a lease, a timeout or a count far from the setting.
+    """
+    for name in section.__struct_fields__:
+        value = getattr(section, name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"bad setting: {where}{name} must be a finite number, got {value}")
+        if isinstance(value, msgspec.Struct):
+            _check_finite(value, f"{where}{name}.")
 
 
 def _lift_password(layer: Mapping[str, Any], source: str) -> Mapping[str, Any]:
@@ -98,6 +128,7 @@ def load_settings(
         ConfigError: one line saying which setting is wrong and why.
     """
     env = os.environ if env is None else env
+    _check_text(env)
     raw: dict[str, Any] = {}
     path = config_file or env.get(ENV_PREFIX + "CONFIG")
     if path:
@@ -105,6 +136,8 @@ def load_settings(
             raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise ConfigError(f"config file not found: {path}") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"config file {path} is not UTF-8 text: {exc}") from None
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
     raw = dict(_lift_password(raw, f"config file {path}"))
@@ -112,9 +145,13 @@ def load_settings(
     if overrides:
         raw = _merge(raw, _lift_password(overrides, "the command line"))
     try:
-        return msgspec.convert(raw, Settings, strict=False, dec_hook=secret_dec_hook)
+        settings = msgspec.convert(raw, Settings, strict=False, dec_hook=secret_dec_hook)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"bad setting: {exc}") from None
+    except UnicodeError as exc:  # text given by a caller's overrides that no setting can hold
+        raise ConfigError(f"bad setting: {exc}") from None
+    _check_finite(settings, "")
+    return settings
 
 
 __all__ = ["load_settings"]

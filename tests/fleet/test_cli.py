@@ -554,6 +554,7 @@ BAD_SETTINGS = [
     ("events", {"COMMITFLEET_LOCK_VALIDITY": "abc"}, None, "lock"),
     ("retry", {}, "this is [not toml", "not valid TOML"),
     ("worker", {"COMMITFLEET_FOO_BAR": "1"}, None, "COMMITFLEET_FOO_BAR"),
+    ("worker", {"COMMITFLEET_WORKER_LEASE": "nan"}, None, "worker.lease must be a finite number"),
 ]
 
 
@@ -569,6 +570,7 @@ BAD_SETTINGS = [
         "events",
         "retry",
         "worker",
+        "worker-nan",
     ],
 )
 async def test_bad_setting_stops_with_one_line(
