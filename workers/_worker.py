@@ -43,15 +43,17 @@ import os
 import socket
 import time
 
-from shared import ConfigError, Settings, TransientError
+from shared import ConfigError, Fenced, Settings, TransientError
 from shared._aio import cancel_until_done
 from shared._logging import kv
+from shared._nonce import nonce
 from shared.events import ValidationLimits, WorkerJoined, WorkerLeft
 from shared.fleet import (
     HARD_EXIT_AFTER_S,
     FleetRegistry,
     ProcessCrashed,
     ProcessTasks,
+    WorkerInfo,
     dump_tasks,
     new_worker_id,
     wait_until_up,
@@ -93,6 +95,8 @@ class Worker:
             raise ConfigError("store.url is required (set COMMITFLEET_STORE or store.url in the config file)")
         self.settings = settings
         self.worker_id = new_worker_id(worker_id or settings.worker.id)
+        # This process's mark in its lease: another process given the same id is told apart.
+        self._instance = f"{os.getpid()}-{nonce()}"
         self._stop = asyncio.Event()
         self.ready = asyncio.Event()
         self._hard_exit_after = hard_exit_after
@@ -175,8 +179,43 @@ class Worker:
         if crashed is not None:
             raise ProcessCrashed(f"worker {self.worker_id} crashed: {crashed!r}") from crashed
 
-    async def _join(self, ctx: WorkerContext, started: float) -> bool:
-        await ctx.registry.register(worker_info(self.worker_id, started), self.settings.worker.lease)
+    async def _join(self, ctx: WorkerContext, started: float) -> bool | None:
+        """Register; return True, or None when stopped first.
+
+        Another live process holding this worker's id (the same ``--id`` given
+        twice) would share its owner tokens, which then fence neither: this
+        one waits for that lease to expire (a process restarted before its
+        predecessor's lease ran out; at once when the predecessor was on this
+        host and is gone), and stops with a ConfigError if it does not.
+
+        Raises:
+            ConfigError: the id stayed held by another live process for 1.5 leases.
+            TransientError: Redis is unavailable (the caller retries).
+        """
+        s = self.settings.worker
+        info = worker_info(self.worker_id, started, self._instance)
+        replacing = ""
+        deadline: float | None = None
+        while (holder := await ctx.registry.register(info, s.lease, replacing=replacing)) is not None:
+            if holder.instance != replacing and _gone(holder):
+                replacing = holder.instance  # its process ended: take its lease over now
+                continue
+            now = time.monotonic()
+            if deadline is None:
+                deadline = now + 1.5 * s.lease
+                log.warning(
+                    "another live process holds this worker id; waiting for its lease to expire",
+                    extra=kv(worker=self.worker_id, host=holder.host, pid=holder.pid),
+                )
+            elif now > deadline:
+                raise ConfigError(
+                    f"worker id {self.worker_id!r} is in use by a live worker (host {holder.host},"
+                    f" pid {holder.pid}): give each worker process its own --id"
+                )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), s.heartbeat)
+            if self._stop.is_set():
+                return None
         await ctx.emit(
             WorkerJoined(at=time.time(), worker=self.worker_id, host=socket.gethostname(), pid=os.getpid())
         )
@@ -253,7 +292,7 @@ class Worker:
             if self._leaving.is_set():
                 return
             try:
-                info = worker_info(self.worker_id, started)
+                info = worker_info(self.worker_id, started, self._instance)
                 if not await registry.renew(info, s.lease):
                     if self._leaving.is_set():
                         # The lease is gone because we deregistered: re-registering here
@@ -265,7 +304,14 @@ class Worker:
                     log.warning(
                         "membership lease had expired; re-registering", extra=kv(worker=self.worker_id)
                     )
-                    await registry.register(info, s.lease)
+                    holder = await registry.register(info, s.lease)
+                    if holder is not None:
+                        # Another process took our id while we were presumed dead: it owns
+                        # our shards under the same owner tokens. Stop at once.
+                        raise Fenced(
+                            f"worker id {self.worker_id!r} was taken by another process (host {holder.host},"
+                            f" pid {holder.pid}) while this one was presumed dead; stopping"
+                        )
             except TransientError as exc:
                 log.warning("heartbeat failed", extra=kv(error=str(exc)))
 
@@ -318,3 +364,17 @@ async def run_worker(settings: Settings, *, worker_id: str | None = None) -> Non
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
             loop.remove_signal_handler(sig)
+
+
+def _gone(holder: WorkerInfo) -> bool:
+    """Return True when ``holder``'s process is known to have ended: it ran on this host (same
+    name) under another pid that no longer exists. Anything else may be alive."""
+    if holder.host != socket.gethostname() or holder.pid == os.getpid() or holder.pid <= 0:
+        return False
+    try:
+        os.kill(holder.pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # it exists (another user's, say)
+        return False
+    return False

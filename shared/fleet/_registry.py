@@ -46,6 +46,9 @@ class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
     pid: int
     started_at: float
     heartbeat_at: float
+    # Which process holds the id (fresh per process): two live processes given the same
+    # id would share its owner tokens, which then fence neither. Empty: not told.
+    instance: str = ""
 
 
 _dec_info = msgspec.json.Decoder(WorkerInfo)
@@ -64,21 +67,41 @@ return 1
 # Registration and its undoing, atomic, as scripts rather than MULTI/EXEC: one plain command
 # on Redis Cluster too (redis-py 8.1's asyncio cluster transactions run each command through
 # a private event loop on a thread, which can hang a process during a failover).
-# KEYS: lease, member set (one slot: the fleet tag). ARGV: worker id, lease JSON, lease ms.
-_REGISTER = """
-redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-return redis.call('SADD', KEYS[2], ARGV[1])
-"""
-# Renewal: extend the lease only if it is still there, and then make sure of the membership
-# too (SADD is idempotent), so a live worker is a member after every heartbeat whatever removed
-# it. KEYS and ARGV as _REGISTER. Returns 1 when the lease was there, else 0 (nothing written).
-_RENEW = """
-if not redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3], 'XX') then
-  return 0
+# KEYS: lease, member set (one slot: the fleet tag). ARGV: worker id, lease JSON, lease ms,
+# our instance, an instance we may replace (found dead). A lease held by another instance
+# (both told) is left alone and returned; else the lease is written and '' returned.
+_OTHER_INSTANCE = """
+local function other(cur)
+  if ARGV[4] == '' then return false end
+  local ok, doc = pcall(cjson.decode, cur)
+  if not ok or type(doc) ~= 'table' or type(doc.instance) ~= 'string' then return false end
+  return doc.instance ~= '' and doc.instance ~= ARGV[4] and doc.instance ~= ARGV[5]
 end
+"""
+_REGISTER = (
+    _OTHER_INSTANCE
+    + """
+local cur = redis.call('GET', KEYS[1])
+if cur and other(cur) then return cur end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+redis.call('SADD', KEYS[2], ARGV[1])
+return ''
+"""
+)
+# Renewal: extend the lease only if it is still there and ours, and then make sure of the
+# membership too (SADD is idempotent), so a live worker is a member after every heartbeat
+# whatever removed it. KEYS and ARGV as _REGISTER. Returns 1 when renewed, else 0 (nothing
+# written: the lease expired, or another instance holds the id now).
+_RENEW = (
+    _OTHER_INSTANCE
+    + """
+local cur = redis.call('GET', KEYS[1])
+if not cur or other(cur) then return 0 end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3], 'XX')
 redis.call('SADD', KEYS[2], ARGV[1])
 return 1
 """
+)
 _DEREGISTER = """
 redis.call('DEL', KEYS[1])
 return redis.call('SREM', KEYS[2], ARGV[1])
@@ -122,16 +145,33 @@ class FleetRegistry:
 
     # -- membership -------------------------------------------------------------------
 
-    async def register(self, info: WorkerInfo, lease: float) -> None:
-        """Create or refresh the worker's lease and add it to the member set."""
+    async def register(self, info: WorkerInfo, lease: float, *, replacing: str = "") -> WorkerInfo | None:
+        """Create or refresh the worker's lease and add it to the member set.
+
+        ``replacing``: the instance of an earlier holder of the id known to be
+        dead (its lease may be taken over before it expires).
+
+        Returns:
+            None when registered; else the lease of another live process holding
+            the id (both told their instance), and nothing was written.
+        """
         with redis_errors("register worker"):
             keys = Keys.one_slot([self._lease_key(info.id), self.keys.workers])
-            await self._r.eval(_REGISTER, 2, *keys, info.id, _enc.encode(info), int(lease * 1000))
+            holder = await self._r.eval(
+                _REGISTER, 2, *keys, info.id, _enc.encode(info), int(lease * 1000), info.instance, replacing
+            )
+        if not holder:
+            return None
+        try:
+            return _dec_info.decode(holder)
+        except msgspec.DecodeError:
+            return None  # the script only returns a lease it could read
 
     async def renew(self, info: WorkerInfo, lease: float) -> bool:
-        """Extend the worker's lease and restore its membership; return False when the lease had expired.
+        """Extend the worker's lease and restore its membership; return False when the lease had expired
+        or another process holds the id now (nothing written).
 
-        One script: the lease is extended only if it is still there, and then
+        One script: the lease is extended only if it is still there (and ours), and then
         the worker is put back in the member set should anything have taken
         it out (so a live worker is a member after each heartbeat). An expired
         lease means the fleet may have moved our shards: the caller
@@ -139,7 +179,9 @@ class FleetRegistry:
         """
         with redis_errors("renew worker lease"):
             keys = Keys.one_slot([self._lease_key(info.id), self.keys.workers])
-            ok = await self._r.eval(_RENEW, 2, *keys, info.id, _enc.encode(info), int(lease * 1000))
+            ok = await self._r.eval(
+                _RENEW, 2, *keys, info.id, _enc.encode(info), int(lease * 1000), info.instance, ""
+            )
         return bool(ok)
 
     async def deregister(self, worker: str) -> None:
@@ -274,8 +316,13 @@ class FleetRegistry:
         return as_text(raw) if raw else None
 
 
-def worker_info(worker: str, started_at: float) -> WorkerInfo:
+def worker_info(worker: str, started_at: float, instance: str = "") -> WorkerInfo:
     """Return this process's WorkerInfo with a fresh heartbeat time."""
     return WorkerInfo(
-        id=worker, host=socket.gethostname(), pid=os.getpid(), started_at=started_at, heartbeat_at=time.time()
+        id=worker,
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        started_at=started_at,
+        heartbeat_at=time.time(),
+        instance=instance,
     )
