@@ -133,6 +133,11 @@ def _cleanup(ev: TaskFinished) -> CleanupAttempt:
     return CleanupAttempt(job=ev.job, dataset=ev.dataset, task=ev.task, attempt=ev.attempt)
 
 
+def all_tasks_in(state: ShardJobs, job: str, dataset: str, exp: DatasetExpectation) -> bool:
+    """Return True when ``state`` records an attempt of every task ``exp`` expects (its winners, if named)."""
+    return _complete(exp, state.attempts.get((job, dataset)) or _NO_TASKS)
+
+
 def _complete(exp: DatasetExpectation, tasks: Mapping[int, Mapping[int, Attempt]]) -> bool:
     for t in range(exp.tasks):
         seen = tasks.get(t)

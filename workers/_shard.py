@@ -57,6 +57,7 @@ from shared.queue import Entry, ShardConsumer, redis_errors, shard_of
 from ._actions import ActionsMixin, Recover
 from ._aside import load_or_set_aside
 from ._context import WorkerContext
+from ._decide import all_tasks_in
 from ._ds_locks import DatasetLocks
 from ._housekeeping import record_quarantined, trim_shard
 from ._inflight import InFlightBoard, work_label
@@ -319,6 +320,7 @@ class ShardRunner(SchedulingMixin, IntakeMixin, ActionsMixin, OperatorRequestsMi
         timeout from now (``_jobstate.assume_alive``).
         """
         self._seen = assume_alive(self.state.jobs, time.time())
+        await self._commit_the_complete()
         for meta in list(self.state.jobs.values()):
             for name, ds in meta.datasets.items():
                 if ds.status in ("committing", "blocked"):
@@ -345,6 +347,29 @@ class ShardRunner(SchedulingMixin, IntakeMixin, ActionsMixin, OperatorRequestsMi
                 continue
             seen.add(seq.dataset)
             await self._schedule(Recover(dataset=seq.dataset))
+
+    async def _commit_the_complete(self) -> None:
+        """Move to ``committing`` every dataset left ``waiting`` although all its tasks are in.
+
+        A dataset is committed when the event that completes it is judged; a
+        state that lacks that decision (written by two processes under one
+        worker id before ids were checked, or by hand) would otherwise wait
+        until its job timed out, whatever is sent again (duplicates change
+        nothing). Saved before its commit is scheduled, like a decision.
+
+        Raises:
+            Fenced, TransientError: as the save's.
+        """
+        for meta in list(self.state.jobs.values()):
+            for name, ds in meta.datasets.items():
+                exp = ds.expected
+                stuck = ds.status == "waiting" and exp is not None
+                if stuck and exp is not None and all_tasks_in(self.state, meta.job, name, exp):
+                    log.warning(
+                        "dataset has every task in but was left waiting; committing it",
+                        extra=kv(shard=self.shard, job=meta.job, dataset=name),
+                    )
+                    await self._set_status(meta.job, name, "committing")
 
 
 __all__ = ["ShardRunner"]

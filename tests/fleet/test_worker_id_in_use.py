@@ -12,8 +12,10 @@ import json
 import signal
 import time
 
+import msgspec
 import pytest
 
+from shared.commit import read_manifest
 from shared.fleet import FleetRegistry, worker_info
 from shared.queue import Keys
 from tests._support.wait import wait_for
@@ -103,3 +105,40 @@ async def test_a_worker_whose_id_was_taken_while_it_was_frozen_stops(fleet: Flee
     rc = await asyncio.to_thread(first.proc.wait, 60)
     assert rc == EXIT_CRASHED
     assert "was taken by another process" in first.log_path.read_text()
+
+
+async def test_a_dataset_left_waiting_with_every_task_in_is_committed_at_the_next_start(fleet: Fleet) -> None:
+    # The state two processes under one id could leave: the job finished (the
+    # dataset waits for its tasks), every task is recorded, and no commit was decided.
+    from shared.events import DatasetExpectation, JobFinished
+    from shared.queue import shard_of
+    from workers._jobstate import JobMeta
+
+    from ._helpers import good_job
+
+    fleet.start("coordinator", "c1")
+    fleet.start("worker", "w1")
+    await wait_for(lambda: fleet.owners_settled({"w1"}), timeout=60, what="w1 owns every shard")
+    events = await good_job(fleet.store, "job1", ["ds1"], 3, duplicate_attempt=False)
+    *tasks, finished = events
+    assert isinstance(finished, JobFinished)
+    await fleet.publisher.publish_many(tasks)  # every task in; the job not finished yet
+    shard = shard_of("ds1", fleet.settings.fleet.shards)
+    jobs_key = fleet.keys.shard_state(shard, "jobs")
+    attempts_key = fleet.keys.shard_state(shard, "attempts")
+
+    async def recorded() -> bool:
+        return await fleet.redis.hlen(attempts_key) == 3 and await fleet.redis.hexists(jobs_key, "job1")
+
+    await wait_for(recorded, timeout=60, what="the three attempts recorded")
+    assert fleet.names["w1"].terminate() == 0
+    meta = msgspec.json.decode(await fleet.redis.hget(jobs_key, "job1"), type=JobMeta)
+    ds = msgspec.structs.replace(meta.datasets["ds1"], status="waiting", expected=DatasetExpectation(tasks=3))
+    stuck = msgspec.structs.replace(meta, datasets={"ds1": ds})
+    await fleet.redis.hset(jobs_key, "job1", msgspec.json.encode(stuck))
+    fleet.start("worker", "w1")
+
+    async def committed() -> bool:
+        return await read_manifest(fleet.store, "ds1", "job1") is not None
+
+    await wait_for(committed, timeout=60, what="the stuck dataset committed")
