@@ -31,6 +31,7 @@ from typing import Any
 import msgspec
 import redis.asyncio
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from shared import ConfigError, Settings, TransientError
 from shared._aio import raise_if_cancelling
@@ -47,6 +48,32 @@ from ._ui_auth import allowed_hosts, authorized, check_bind, host_allowed
 from ._ui_history import CommitHistory, window_start_id
 
 log = logging.getLogger("coordinator.http")
+
+
+class _BadRequestsQuiet(logging.Filter):
+    """Turn the HTTP server's report of a request it could not parse into one debug line.
+
+    aiohttp answers such a request (a header or URL too long, too many
+    headers, two Host headers...) with 400 and logs it as an error with a
+    traceback: anyone who can reach the port, token or not, could fill the
+    error log. The client's mistake is the client's; one line at debug says it.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            remote = record.args[0] if isinstance(record.args, tuple) and record.args else "?"
+            record.msg, record.args = "bad request from %s: %s", (remote, exc.message or type(exc).__name__)
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            record.exc_info = record.exc_text = None
+            # Made at error level, the record passed the level check: check again at debug.
+            return _SERVER_LOG.isEnabledFor(logging.DEBUG)
+        return True
+
+
+# The server's own logger: aiohttp's messages, with requests it could not parse made quiet.
+_SERVER_LOG = logging.getLogger("coordinator.http.server")
+_SERVER_LOG.addFilter(_BadRequestsQuiet())
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -130,6 +157,7 @@ class AdminServer:
             shutdown_timeout=1.0,
             handler_cancellation=True,
             keepalive_timeout=min(75.0, c.request_timeout),
+            logger=_SERVER_LOG,
         )
         await self._runner.setup()
         site = web.TCPSite(self._runner, c.http_host, c.http_port)

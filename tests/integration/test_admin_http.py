@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import re
 import signal
@@ -395,3 +396,24 @@ async def test_a_stream_id_redis_would_refuse_is_a_bad_request(start_admin: Star
         biggest = f"{2**64 - 1}-{2**64 - 1}"
         async with http.get(f"{base}/events", params={"from": biggest}) as resp:
             assert resp.status == 200
+
+
+async def test_requests_the_server_cannot_parse_are_400_and_no_error_in_the_log(
+    start_admin: Start, caplog: pytest.LogCaptureFixture
+) -> None:
+    server = await start_admin(admin_token=TOKEN)
+    assert server.port is not None
+    hostile = [
+        b"GET /status HTTP/1.1\r\nHost: localhost\r\nX-Big: " + b"a" * 100_000 + b"\r\n\r\n",
+        b"GET /" + b"a" * 100_000 + b" HTTP/1.1\r\nHost: localhost\r\n\r\n",
+        b"GET /status HTTP/1.1\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(500)) + b"\r\n",
+        b"GET /status HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+    ]
+    with caplog.at_level(logging.INFO):
+        for request in hostile:
+            assert await _raw_status(server.port, request) == 400, request[:40]
+        # Still serving.
+        request = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+        assert await _raw_status(server.port, request) == 200
+    noisy = [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
+    assert noisy == [], [r.getMessage() for r in noisy]
