@@ -27,7 +27,6 @@ from ._state import (
     encode_record,
     local_deadline,
     released_record,
-    resolve_holder_write,
 )
 
 if TYPE_CHECKING:
@@ -299,21 +298,12 @@ class HeldLease(Renewals):
                 current = await observe(lock.store, lock.key)
             except READ_AGAIN as exc:
                 raise TransientError(f"could not re-read lock {self.name}: {exc!r}") from exc
-            outcome = resolve_holder_write(
-                current,
-                owner=self.owner,
-                epoch=self.epoch,
-                known_version=self._version,
-                nonces=self._pending,
-            )
+            outcome = self._judge_seen(current)
             if outcome is Resolution.SUPERSEDED:
                 log.info("lock %s (epoch %d) was no longer ours at release", self.name, self.epoch)
                 return
-            if outcome is Resolution.OURS:
-                assert current is not None
-                self._confirm(current.record, current.version, self._pending[current.record.nonce])
-                if current.record.released:
-                    return
+            if outcome is Resolution.OURS and current is not None and current.record.released:
+                return
             raise TransientError(f"release of lock {self.name} did not land; trying again") from None
         self._confirm(record, info.version, 0.0)
 

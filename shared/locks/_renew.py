@@ -109,12 +109,9 @@ class Renewals:
         self._confirm(record, info.version, started)
         return Resolution.OURS
 
-    async def _resolve(self) -> Resolution:
-        """Re-read after an ambiguous write; adopt the object if it shows one of our writes."""
-        try:
-            current = await observe(self._lock.store, self._lock.key)
-        except READ_AGAIN:
-            return Resolution.UNCHANGED
+    def _judge_seen(self, current: Observed | None) -> Resolution:
+        """Return what the lock object ``current`` (as re-read) says of our writes; adopt it when
+        it shows one of them (the record, version and local deadline become its)."""
         outcome = resolve_holder_write(
             current,
             owner=self.owner,
@@ -125,9 +122,18 @@ class Renewals:
         if outcome is Resolution.OURS:
             assert current is not None
             self._confirm(current.record, current.version, self._pending[current.record.nonce])
-            if current.record.released:
-                # Our own release landed (seen while releasing); nothing more to renew.
-                return Resolution.OURS
+        return outcome
+
+    async def _resolve(self) -> Resolution:
+        """Re-read after an ambiguous write; adopt the object if it shows one of our writes."""
+        try:
+            current = await observe(self._lock.store, self._lock.key)
+        except READ_AGAIN:
+            return Resolution.UNCHANGED
+        outcome = self._judge_seen(current)
+        if outcome is Resolution.OURS and current is not None and current.record.released:
+            # Our own release landed (seen while releasing); nothing more to renew.
+            return Resolution.OURS
         self._last_seen = current
         return outcome
 
