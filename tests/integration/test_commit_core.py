@@ -21,6 +21,7 @@ from shared.commit import (
     retry_quarantined,
     skip_quarantined,
 )
+from shared.commit._abort import _exists
 from shared.events import manifest_key, staged_key, staging_prefix, wal_key
 from shared.storage import ObjectStore
 from tests._support.emulators import StoreTarget
@@ -126,14 +127,6 @@ async def test_an_older_unfinished_sequence_is_finished_before_a_new_commit(any_
     assert res.ok and not res.recovered
     assert res.recovered_jobs == ["job-1"] and res.earlier[0].recovered
     await assert_exactly_once(any_store, first, second)
-
-
-async def _exists(store: ObjectStore, key: str) -> bool:
-    try:
-        await store.head(key)
-    except NotFound:
-        return False
-    return True
 
 
 async def test_recover_dataset_finishes_each_unfinished_sequence_oldest_first(any_store: ObjectStore) -> None:
