@@ -165,7 +165,9 @@ class FleetRegistry:
         try:
             return _dec_info.decode(holder)
         except msgspec.DecodeError:
-            return None  # the script only returns a lease it could read
+            # Refused all the same (nothing was written): a holder this version cannot read
+            # in full is still another live process, named as far as it can be.
+            return WorkerInfo(id=info.id, host="?", pid=0, started_at=0.0, heartbeat_at=0.0, instance="?")
 
     async def renew(self, info: WorkerInfo, lease: float) -> bool:
         """Extend the worker's lease and restore its membership; return False when the lease had expired

@@ -46,6 +46,12 @@ async def test_the_registry_refuses_a_live_id_to_another_instance(fleet: Fleet) 
     assert not await registry.renew(first, 30)  # the replaced one can no longer renew
     # Registrations that tell no instance (older workers) are not refused.
     assert await registry.register(worker_info("w1", 3.0), 30) is None
+    # A live holder whose lease this version cannot read in full still holds the id.
+    key = fleet.keys.fleet_key("worker.w2")
+    await fleet.redis.set(key, json.dumps({"instance": "pid9-cccc"}), px=30_000)
+    odd = await registry.register(worker_info("w2", 4.0, "pid4-dddd"), 30)
+    assert odd is not None and odd.pid == 0
+    assert await _lease_instance(fleet, "w2") == "pid9-cccc"  # nothing written
 
 
 async def test_a_second_process_with_a_live_workers_id_stops_with_one_line(fleet: Fleet) -> None:
