@@ -363,13 +363,13 @@ class ShardRunner(SchedulingMixin, IntakeMixin, ActionsMixin, OperatorRequestsMi
         for meta in list(self.state.jobs.values()):
             for name, ds in meta.datasets.items():
                 exp = ds.expected
-                stuck = ds.status == "waiting" and exp is not None
-                if stuck and exp is not None and all_tasks_in(self.state, meta.job, name, exp):
-                    log.warning(
-                        "dataset has every task in but was left waiting; committing it",
-                        extra=kv(shard=self.shard, job=meta.job, dataset=name),
-                    )
-                    await self._set_status(meta.job, name, "committing")
+                if ds.status != "waiting" or exp is None or not all_tasks_in(self.state, meta.job, name, exp):
+                    continue
+                log.warning(
+                    "dataset has every task in but was left waiting; committing it",
+                    extra=kv(shard=self.shard, job=meta.job, dataset=name),
+                )
+                await self._set_status(meta.job, name, "committing")
 
 
 __all__ = ["ShardRunner"]
