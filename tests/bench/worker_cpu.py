@@ -52,17 +52,17 @@ from shared.storage import open_store
 from tests.fleet._helpers import fleet_settings, good_job
 
 
-def cpu_split(pid: int) -> tuple[float, float]:
-    """Return the user and the system CPU time of ``pid`` in seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+def cpu_split(pid: int, *, thread: int | None = None) -> tuple[float, float]:
+    """Return the user and the system CPU time of ``pid`` in seconds (of one ``thread`` of it when given)."""
+    where = f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat"
+    fields = Path(where).read_text().rpartition(")")[2].split()
     tick = os.sysconf("SC_CLK_TCK")
     return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 def main_thread_cpu(pid: int) -> float:
     """Return the user + system CPU seconds of ``pid``'s main thread (the event loop's)."""
-    fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return sum(cpu_split(pid, thread=pid))
 
 
 def switches(pid: int) -> tuple[int, int]:
