@@ -194,6 +194,9 @@ class WorkerSettings(_Section, frozen=True):
     read_batch: int = 500
     read_block_ms: int = 500
     max_inflight_datasets: int = 32
+    # Work (commits, aborts, recoveries, clean-ups) a shard keeps queued before
+    # its intake pauses: the queue's memory bound (workers._scheduling).
+    max_queued_work: int = 20_000
     drain_grace: float = 30.0
     # Seconds a job's driver may stay silent (no liveness key seen) before the
     # fleet aborts the job; for jobs that never announced their own timeout.
@@ -211,9 +214,12 @@ class WorkerSettings(_Section, frozen=True):
             raise ValueError("worker.heartbeat must be at most a third of worker.lease")
         if self.job_timeout <= 0 or self.max_job_duration < 0:
             raise ValueError("worker.job_timeout must be > 0 and worker.max_job_duration >= 0")
-        if not 1 <= self.read_batch <= 10_000 or self.max_inflight_datasets < 1:
+        if not 1 <= self.read_batch <= 10_000 or self.max_inflight_datasets < 1 or self.max_queued_work < 1:
             # Each batch is judged and saved whole (one script): its size bounds a save's memory and time.
-            raise ValueError("worker.read_batch must be 1..10000 and worker.max_inflight_datasets >= 1")
+            raise ValueError(
+                "worker.read_batch must be 1..10000,"
+                " worker.max_inflight_datasets and worker.max_queued_work >= 1"
+            )
 
 
 class CoordinatorSettings(_Section, frozen=True):

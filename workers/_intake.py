@@ -76,7 +76,10 @@ class IntakeMixin:
     _save_wanted: int
     _consumer: ShardConsumer
 
-    async def _schedule(self, work: Action) -> None:
+    def _schedule(self, work: Action) -> None:
+        raise NotImplementedError
+
+    def _has_room(self) -> bool:
         raise NotImplementedError
 
     def _mine(self, ev: QueueEvent, shards: int) -> QueueEvent:
@@ -182,7 +185,7 @@ class IntakeMixin:
             ahead = await self.store.save(batch, self.state, read_next=read_next)
         self._count(len(entries), rejected, duplicates)
         for action in todo:
-            await self._schedule(action)
+            self._schedule(action)
         return self._consumer.took(ahead)
 
     async def _process_ahead(self, entries: list[Entry], size: int) -> list[Entry]:
@@ -192,9 +195,8 @@ class IntakeMixin:
         The save lock is held for the whole run: until a save is durable the
         decisions of its batch are in the state, and no other save may write
         them. The run ends after ``_RUN`` batches, at the end of the backlog,
-        or when an action waits to save, the shard stops or every in-flight
-        slot is taken. Its actions are scheduled after it (scheduling waits
-        for a slot, which an action frees only after its own save).
+        or when an action waits to save, the shard stops or its work queue
+        is full. Its actions are queued after it.
 
         Returns:
             Entries read and not judged yet (pending to us): the caller
@@ -234,7 +236,7 @@ class IntakeMixin:
                         and rounds < _RUN
                         and not self.stopping.is_set()
                         and not self._save_wanted
-                        and not self.ctx.inflight.locked()
+                        and self._has_room()
                     )
                     sent = await send_save(store, after, size if more else 0)
                     if not more:
@@ -245,7 +247,7 @@ class IntakeMixin:
                 raise
         self._count(*tally)
         for action in todo:
-            await self._schedule(action)
+            self._schedule(action)
         return held
 
     async def _judge_prepared(self, entries: list[Entry], todo: list[Action], tally: list[int]) -> Prepared:

@@ -1,12 +1,21 @@
 """Running a shard's work: one task per piece of work, in the shard runner's task group.
 
-:meth:`SchedulingMixin._schedule` starts a piece of work (commit, abort,
-recovery, clean-up, operator request) unless the same one is under way. It
-waits for one of the worker-wide in-flight slots (intake waits with it:
-back-pressure); the work then runs one at a time per dataset, and is tried
-again after each failure that can pass (backoff up to 30 s) until it is done,
-the shard stops, or another worker owns the shard. The shard's in-flight
-board shows each piece meanwhile (queued, running, retrying).
+:meth:`SchedulingMixin._schedule` queues a piece of work (commit, abort,
+recovery, clean-up, operator request) unless the same one is queued or under
+way, and returns at once. The shard's dispatcher (:meth:`_dispatch`, a task
+of the runner) starts queued work whenever one of the worker-wide in-flight
+slots is free, in turn across jobs and one at a time per dataset
+(:mod:`workers._work_queue`); each piece is tried again after each failure
+that can pass (backoff up to 30 s) until it is done, the shard stops, or
+another worker owns the shard. The shard's in-flight board shows each piece
+meanwhile (queued, running, retrying).
+
+Intake does not wait for slots: it reads on while work is queued, so a job
+whose event named thousands of datasets does not keep the next job's events
+unread until its own work is done. It pauses while the shard's queue holds
+``worker.max_queued_work`` pieces or more (:meth:`_wait_room`): the queue,
+and the memory it takes, stay bounded even when a producer floods the shard
+with work.
 
 Mixed into :class:`workers._shard.ShardRunner`, ahead of the intake mixin
 (whose ``_schedule`` is a placeholder for this one); the work itself is
@@ -26,24 +35,39 @@ from shared._aio import raise_if_cancelling
 from shared._logging import kv
 from shared.fleet import ReportingTaskGroup
 
-from ._actions import Work, work_key
+from ._actions import Recover, Work, work_key
 from ._context import WorkerContext
-from ._ds_locks import DatasetLocks
 from ._inflight import InFlight, InFlightBoard, WorkState, work_label
+from ._work_queue import WorkQueue
 
 log = logging.getLogger("workers.shard")
 
 
+class QueuedWork:
+    """A piece of work in the shard's queue: the work, its key, when it was scheduled."""
+
+    __slots__ = ("dataset", "key", "since", "turn", "work")
+
+    def __init__(self, work: Work, key: tuple[object, ...], since: float) -> None:
+        self.work = work
+        self.key = key
+        self.since = since
+        self.dataset = work.dataset
+        # Recoveries belong to no job: they share one turn.
+        self.turn = "" if isinstance(work, Recover) else work.job
+
+
 class SchedulingMixin:
-    """The part of a shard runner that runs its work as tasks."""
+    """The part of a shard runner that queues its work and runs it as tasks."""
 
     ctx: WorkerContext
     shard: int
     stopping: asyncio.Event
-    _running: set[tuple[object, ...]]  # work_key of each piece scheduled and not yet ended
-    _ds_locks: DatasetLocks
+    _running: set[tuple[object, ...]]  # work_key of each piece queued or running (not yet ended)
+    _queue: WorkQueue[QueuedWork]
+    _queue_changed: asyncio.Event  # set when work is queued, made ready, or taken
     _tasks: set[asyncio.Task[None]]
-    _tg: ReportingTaskGroup  # the running session's task group
+    _tg: ReportingTaskGroup  # the runner's task group
     board: InFlightBoard  # the shard's in-flight board (written behind, see _inflight)
 
     if TYPE_CHECKING:
@@ -51,26 +75,64 @@ class SchedulingMixin:
         # hide it, as ShardRunner lists this mixin first).
         async def _do(self, work: Work) -> None: ...
 
-    async def _schedule(self, work: Work) -> None:
+    def _schedule(self, work: Work) -> None:
+        """Queue ``work`` unless the same work is queued or under way; return at once."""
         key = work_key(work)
         if key in self._running:
             return
-        since = time.time()
-        if self.ctx.inflight.locked():
-            # Every worker-wide slot is taken: show that this work waits for one.
-            self.board.put(work_label(key), self._flight(work, key, since, "queued"))
-        await self.ctx.inflight.acquire()
-        try:
-            task = self._tg.create_task(self._run_work(work, key, since))
-        except RuntimeError:
-            # The session's task group is ending (a sibling failed, or the shard stops)
-            # between our last await and here: give the slot back and end with it.
-            self.ctx.inflight.release()
-            raise_if_cancelling()
-            raise
         self._running.add(key)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        item = QueuedWork(work, key, time.time())
+        self._queue.add(item)
+        # Until it starts (the board is written behind: work started at once never shows queued).
+        self.board.put(work_label(key), self._flight(work, key, item.since, "queued"))
+        self._queue_changed.set()
+
+    def _has_room(self) -> bool:
+        """Return whether intake may read more: the queue is shorter than ``worker.max_queued_work``."""
+        return len(self._queue) < self.ctx.settings.worker.max_queued_work
+
+    async def _wait_room(self) -> None:
+        """Return once the shard's queue is shorter than ``worker.max_queued_work`` (back-pressure)."""
+        while not self._has_room():
+            self._queue_changed.clear()
+            await self._queue_changed.wait()
+
+    async def _dispatch(self) -> None:
+        """Start queued work as in-flight slots free up, until the shard stops; never returns.
+
+        Work still queued when the shard stops is left to the next session or
+        owner: it is in the shard's saved state (or in the store, for a
+        recovery), from which every session start schedules it again.
+
+        Cancellation: ends the loop (a slot being waited for is not taken).
+        """
+        inflight = self.ctx.inflight
+        while True:
+            while self.stopping.is_set() or not self._queue.ready:
+                self._queue_changed.clear()
+                await self._queue_changed.wait()
+            await inflight.acquire()
+            item = None if self.stopping.is_set() else self._queue.take()
+            if item is None:  # stopping: what is queued is left (see above)
+                inflight.release()
+                continue
+            self._queue_changed.set()  # the queue is shorter: intake may have room again
+            try:
+                task = self._tg.create_task(self._run_work(item))
+            except RuntimeError:
+                # The runner's task group is ending: give the slot back and end with it.
+                inflight.release()
+                self._ended(item)
+                raise_if_cancelling()
+                raise
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    def _ended(self, item: QueuedWork) -> None:
+        """Forget ``item`` (ended or dropped); make the next work of its dataset ready."""
+        self._running.discard(item.key)
+        if self._queue.done(item.dataset) is not None:
+            self._queue_changed.set()
 
     def _flight(
         self, work: Work, key: tuple[object, ...], since: float, state: WorkState, **kw: Any
@@ -86,17 +148,13 @@ class SchedulingMixin:
             **kw,
         )
 
-    async def _run_work(self, work: Work, key: tuple[object, ...], since: float) -> None:
-        """Run ``work`` (one at a time per dataset), keeping the shard's in-flight board up to date."""
-        label = work_label(key)
+    async def _run_work(self, item: QueuedWork) -> None:
+        """Run ``item``'s work, keeping the shard's in-flight board up to date; then free its slot."""
         try:
-            if self._ds_locks.busy(work.dataset):
-                self.board.put(label, self._flight(work, key, since, "queued"))
-            async with self._ds_locks.hold(work.dataset):
-                await self._retrying(work, key, since)
-            self.board.drop(label)
+            await self._retrying(item.work, item.key, item.since)
+            self.board.drop(work_label(item.key))
         finally:
-            self._running.discard(key)
+            self._ended(item)
             self.ctx.inflight.release()
 
     async def _retrying(self, work: Work, key: tuple[object, ...], since: float) -> None:
@@ -167,4 +225,4 @@ class SchedulingMixin:
             delay = min(delay * 2, 30.0)
 
 
-__all__ = ["SchedulingMixin"]
+__all__ = ["QueuedWork", "SchedulingMixin"]

@@ -13,10 +13,12 @@ A :class:`ShardRunner` runs while the worker owns the shard. Its life:
    with its reason, and never stops the shard), folded into the job state
    (``_decide.decide``) and made durable together with its
    acknowledgement (``ShardStateStore.save``). Only then do its actions run.
-3. Actions (commit / abort / clean up a late attempt) run as tasks owned by
-   the runner, bounded by the worker-wide in-flight semaphore (intake waits
-   for a free slot: back-pressure, not unbounded memory), one at a time per
-   dataset, each under the dataset's storage lock.
+3. Actions (commit / abort / clean up a late attempt) are queued and run as
+   tasks owned by the runner, bounded by the worker-wide in-flight semaphore,
+   in turn across jobs and one at a time per dataset, each under the dataset's
+   storage lock (:mod:`._scheduling`). Intake reads on while work is queued,
+   and pauses while the queue holds ``worker.max_queued_work`` pieces
+   (back-pressure, not unbounded memory).
 4. Stop (shard taken away or worker draining): intake stops, in-flight
    actions get ``drain_grace`` seconds to finish, then are cancelled (their
    locks are released on the way out; an interrupted commit stays in the WAL
@@ -58,7 +60,6 @@ from ._actions import ActionsMixin, Recover
 from ._aside import load_or_set_aside
 from ._context import WorkerContext
 from ._decide import all_tasks_in
-from ._ds_locks import DatasetLocks
 from ._housekeeping import record_quarantined, trim_shard
 from ._inflight import InFlightBoard, work_label
 from ._intake import IntakeMixin
@@ -69,8 +70,9 @@ from ._jobstate import (
 )
 from ._liveness import TimedOut, assume_alive, live_jobs, observe, timed_out
 from ._operator_requests import OperatorRequestsMixin
-from ._scheduling import SchedulingMixin
+from ._scheduling import QueuedWork, SchedulingMixin
 from ._state_store import Batch, ShardStateStore
+from ._work_queue import WorkQueue
 
 log = logging.getLogger("workers.shard")
 
@@ -94,7 +96,8 @@ class ShardRunner(SchedulingMixin, IntakeMixin, ActionsMixin, OperatorRequestsMi
         self.state = ShardJobs()
         self.store: ShardStateStore | None = None
         self._running: set[tuple[object, ...]] = set()
-        self._ds_locks = DatasetLocks()
+        self._queue: WorkQueue[QueuedWork] = WorkQueue()
+        self._queue_changed = asyncio.Event()
         self._save_lock = asyncio.Lock()
         self._save_wanted = 0  # saves waiting for the lock (see IntakeMixin._save_turn)
         self._tasks: set[asyncio.Task[None]] = set()
@@ -132,6 +135,7 @@ class ShardRunner(SchedulingMixin, IntakeMixin, ActionsMixin, OperatorRequestsMi
             async with ReportingTaskGroup(f"shard {self.shard}") as tg:
                 self._tg = tg
                 writer = tg.create_task(self.board.run())
+                dispatcher = tg.create_task(self._dispatch())
                 while not self.stopping.is_set():
                     try:
                         await self._session()
@@ -145,6 +149,7 @@ class ShardRunner(SchedulingMixin, IntakeMixin, ActionsMixin, OperatorRequestsMi
                             await asyncio.wait_for(self.stopping.wait(), delay)
                         delay = min(delay * 2, 5.0)
                 await self._drain()
+                await cancel_until_done(dispatcher)  # after the drain: it starts nothing once stopping
                 # Until it has ended: a cancel that lands as its Redis write
                 # completes is lost on Python 3.11, and the group would wait
                 # for the writer forever (the shard assigned here, served by nobody).
@@ -203,12 +208,12 @@ class ShardRunner(SchedulingMixin, IntakeMixin, ActionsMixin, OperatorRequestsMi
             if ahead:
                 entries, ahead = ahead, []
             else:
-                await self._wait_capacity()
+                await self._wait_room()
                 entries = await self._consumer.read(size, ctx.settings.worker.read_block_ms)
             if entries:
                 # A full batch says there is a backlog: its save reads the next one
                 # (same round trip), unless the shard is stopping or has no room.
-                more = len(entries) >= size and not self.stopping.is_set() and not ctx.inflight.locked()
+                more = len(entries) >= size and not self.stopping.is_set() and self._has_room()
                 if more and self.store is not None and self.store.sends_ahead:
                     ahead = await self._process_ahead(entries, size)
                 else:
@@ -237,12 +242,6 @@ class ShardRunner(SchedulingMixin, IntakeMixin, ActionsMixin, OperatorRequestsMi
         )
         return claimed
 
-    async def _wait_capacity(self) -> None:
-        # Back-pressure: no new intake while every in-flight slot is taken.
-        if self.ctx.inflight.locked():
-            await self.ctx.inflight.acquire()
-            self.ctx.inflight.release()
-
     # -- background checks ----------------------------------------------------------------
 
     async def _tick(self) -> None:
@@ -251,7 +250,7 @@ class ShardRunner(SchedulingMixin, IntakeMixin, ActionsMixin, OperatorRequestsMi
             await self._process(claimed)
         await self._check_liveness()
         for op in await self._operator_requests():
-            await self._schedule(op)
+            self._schedule(op)
         q = self.ctx.settings.queue
         now = time.time()
         old = [job for job, e in self.state.ended.items() if e.at < now - q.ended_retention]
@@ -309,7 +308,7 @@ class ShardRunner(SchedulingMixin, IntakeMixin, ActionsMixin, OperatorRequestsMi
                 )
             )
             for abort in out.aborts():
-                await self._schedule(abort)
+                self._schedule(abort)
 
     async def _resume_work(self) -> None:
         """Re-schedule what was under way when the shard last changed hands.
@@ -324,9 +323,9 @@ class ShardRunner(SchedulingMixin, IntakeMixin, ActionsMixin, OperatorRequestsMi
         for meta in list(self.state.jobs.values()):
             for name, ds in meta.datasets.items():
                 if ds.status in ("committing", "blocked"):
-                    await self._schedule(Commit(job=meta.job, dataset=name))
+                    self._schedule(Commit(job=meta.job, dataset=name))
                 elif ds.status == "aborting":
-                    await self._schedule(Abort(job=meta.job, dataset=name, reason=ds.reason or "aborted"))
+                    self._schedule(Abort(job=meta.job, dataset=name, reason=ds.reason or "aborted"))
         shards = self.ctx.settings.fleet.shards
         tracked = {
             (name, meta.job)
@@ -346,7 +345,7 @@ class ShardRunner(SchedulingMixin, IntakeMixin, ActionsMixin, OperatorRequestsMi
             if (seq.dataset, seq.job) in tracked or seq.quarantined is not None:
                 continue
             seen.add(seq.dataset)
-            await self._schedule(Recover(dataset=seq.dataset))
+            self._schedule(Recover(dataset=seq.dataset))
 
     async def _commit_the_complete(self) -> None:
         """Move to ``committing`` every dataset left ``waiting`` although all its tasks are in.

@@ -71,7 +71,7 @@ async def test_a_drained_backlog_leaves_no_history(
 
             async def pruned() -> bool:
                 return all(
-                    len(r._ds_locks) == 0 and not r._running and not r._tasks and not r.state.jobs
+                    r._queue.datasets == 0 and not r._running and not r._tasks and not r.state.jobs
                     for r in runners
                 )
 

@@ -21,6 +21,7 @@ from shared import ConfigError, load_settings
         ("COMMITFLEET_WORKER_LEASE", "\udcff", "COMMITFLEET_WORKER_LEASE is not valid UTF-8 text"),
         ("REDIS_URL", "redis://\udcfe/0", "REDIS_URL is not valid UTF-8 text"),
         ("COMMITFLEET_WORKER_READ_BATCH", "1000000000", "worker.read_batch must be 1..10000"),
+        ("COMMITFLEET_WORKER_MAX_QUEUED_WORK", "0", "worker.max_queued_work >= 1"),
     ],
 )
 def test_a_meaningless_value_in_the_environment_is_one_config_error(

@@ -1,0 +1,108 @@
+"""A job whose event names many datasets does not hold back the next job of its shard.
+
+A ``job_failed`` naming N datasets gives N aborts at once. Intake used to wait
+for an in-flight slot for each of them before it read the next entry, so a
+good job published a second later on the same shard was not even read before
+N - slots aborts had started (seen from outside: 10,000 aborts delayed such a
+commit by 68 s). Now the work is queued, intake reads on, and jobs take turns
+for the slots (``workers._work_queue``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import redis.asyncio
+
+import workers._actions as actions
+from coordinator import Coordinator
+from shared.events import Aborted, Committed
+from shared.queue import AsyncPublisher, ensure_fleet
+from shared.storage import open_store
+from tests._support.wait import wait_for
+from workers import Worker
+
+from ._helpers import admin_events, clean_audit, committed, failed_job, fleet_settings, good_job
+
+BIG = 40  # datasets of the failed job
+SLOTS = 2
+
+
+async def test_a_good_job_commits_between_the_aborts_of_a_big_failed_job(
+    redis_url: str,
+    redis_client: redis.asyncio.Redis,
+    fleet_name: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every abort waits at ``abort.done`` for a permit the test hands out; the good job's commit
+    does not. With ``SLOTS`` slots held by aborts, the good job is read and queued at once, and
+    commits after a few permits (its turn comes after one more abort), not after ``BIG`` of them.
+    Then every abort is let through: each dataset ends once, aborted or committed, audit clean.
+    """
+    settings = fleet_settings(
+        redis_url, tmp_path / "store", fleet_name, shards=1, worker={"max_inflight_datasets": SLOTS}
+    )
+    permits = asyncio.Semaphore(0)
+    waiting = 0
+
+    async def gated(point: str) -> None:
+        nonlocal waiting
+        if point == "abort.done":
+            waiting += 1
+            try:
+                await permits.acquire()
+            finally:
+                waiting -= 1
+
+    monkeypatch.setattr(actions, "checkpoint", gated)
+    big = [f"big-{i}" for i in range(BIG)]
+    await ensure_fleet(redis_client, fleet_name, settings.fleet.shards)
+    coord = Coordinator(settings, coordinator_id="c1")
+    worker = Worker(settings, worker_id="w1")
+    async with open_store(settings.store.url, settings.store) as store, asyncio.TaskGroup() as tg:
+        tasks = [tg.create_task(x.run()) for x in (coord, worker)]
+        try:
+            pub = AsyncPublisher(redis_client, fleet_name, settings.fleet.shards)
+            await pub.publish_many(await failed_job(store, "job-big", big, 1))
+
+            async def slots_held() -> bool:
+                return waiting == SLOTS
+
+            await wait_for(slots_held, timeout=30, what="every slot held by an abort")
+            await pub.publish_many(await good_job(store, "job-small", ["small"], 2))
+
+            # Its turn comes after one more abort of the big job: three permits are plenty.
+            for _ in range(3):
+                permits.release()
+            await wait_for(
+                lambda: committed(store, ["small"], "job-small"),
+                timeout=30,
+                what="the good job committed while the failed job's aborts wait",
+            )
+            events = await admin_events(redis_client, fleet_name)
+            assert sum(isinstance(e, Aborted) for e in events) <= 3 + SLOTS
+
+            for _ in range(BIG):
+                permits.release()
+
+            async def all_ended() -> bool:
+                evs = await admin_events(redis_client, fleet_name)
+                return sum(isinstance(e, Aborted) for e in evs) >= BIG
+
+            await wait_for(all_ended, timeout=60, what=f"{BIG} aborts")
+            events = await admin_events(redis_client, fleet_name)
+            ended = Counter(
+                (e.dataset, type(e).__name__) for e in events if isinstance(e, Aborted | Committed)
+            )
+            assert ended == Counter({**{(d, "Aborted"): 1 for d in big}, ("small", "Committed"): 1})
+            assert (await clean_audit(store)).ok
+        finally:
+            for _ in range(BIG):
+                permits.release()
+            for x in (worker, coord):
+                x.shutdown()
+        await asyncio.gather(*tasks)
