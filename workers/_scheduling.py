@@ -98,22 +98,21 @@ class SchedulingMixin:
             await self._queue_changed.wait()
 
     async def _dispatch(self) -> None:
-        """Start queued work as in-flight slots free up, until the shard stops; never returns.
+        """Start queued work as in-flight slots free up; never returns.
 
-        Work still queued when the shard stops is left to the next session or
-        owner: it is in the shard's saved state (or in the store, for a
-        recovery), from which every session start schedules it again.
+        Runs for the runner's life, through its drain too (the runner cancels
+        it when the drain ends: see ``ShardRunner._drain``).
 
         Cancellation: ends the loop (a slot being waited for is not taken).
         """
         inflight = self.ctx.inflight
         while True:
-            while self.stopping.is_set() or not self._queue.ready:
+            while not self._queue.ready:
                 self._queue_changed.clear()
                 await self._queue_changed.wait()
             await inflight.acquire()
-            item = None if self.stopping.is_set() else self._queue.take()
-            if item is None:  # stopping: what is queued is left (see above)
+            item = self._queue.take()
+            if item is None:  # only this task takes: cannot happen, but never keep a slot
                 inflight.release()
                 continue
             self._queue_changed.set()  # the queue is shorter: intake may have room again
@@ -131,8 +130,8 @@ class SchedulingMixin:
     def _ended(self, item: QueuedWork) -> None:
         """Forget ``item`` (ended or dropped); make the next work of its dataset ready."""
         self._running.discard(item.key)
-        if self._queue.done(item.dataset) is not None:
-            self._queue_changed.set()
+        self._queue.done(item.dataset)
+        self._queue_changed.set()  # the next work of the dataset may be ready; a drain may be over
 
     def _flight(
         self, work: Work, key: tuple[object, ...], since: float, state: WorkState, **kw: Any

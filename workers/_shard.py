@@ -19,10 +19,10 @@ A :class:`ShardRunner` runs while the worker owns the shard. Its life:
    storage lock (:mod:`._scheduling`). Intake reads on while work is queued,
    and pauses while the queue holds ``worker.max_queued_work`` pieces
    (back-pressure, not unbounded memory).
-4. Stop (shard taken away or worker draining): intake stops, in-flight
-   actions get ``drain_grace`` seconds to finish, then are cancelled (their
-   locks are released on the way out; an interrupted commit stays in the WAL
-   for the next owner to recover).
+4. Stop (shard taken away or worker draining): intake stops, queued and
+   in-flight actions get ``drain_grace`` seconds to finish, then what runs is
+   cancelled (their locks are released on the way out; an interrupted commit
+   stays in the WAL for the next owner to recover) and what is queued is left.
 
 A transient Redis error restarts the session (state reloaded, pending
 re-read); losing the owner token (:class:`~shared.Fenced`) ends the runner.
@@ -148,8 +148,7 @@ class ShardRunner(SchedulingMixin, IntakeMixin, ActionsMixin, OperatorRequestsMi
                         with contextlib.suppress(TimeoutError):
                             await asyncio.wait_for(self.stopping.wait(), delay)
                         delay = min(delay * 2, 5.0)
-                await self._drain()
-                await cancel_until_done(dispatcher)  # after the drain: it starts nothing once stopping
+                await self._drain(dispatcher)
                 # Until it has ended: a cancel that lands as its Redis write
                 # completes is lost on Python 3.11, and the group would wait
                 # for the writer forever (the shard assigned here, served by nobody).
@@ -160,15 +159,32 @@ class ShardRunner(SchedulingMixin, IntakeMixin, ActionsMixin, OperatorRequestsMi
         except* CommitfleetError as eg:
             raise eg.exceptions[0] from None
 
-    async def _drain(self) -> None:
-        """Give in-flight actions ``drain_grace`` seconds, then cancel what is left."""
-        pending = [t for t in self._tasks if not t.done()]
-        if not pending:
-            return
-        log.info("draining shard", extra=kv(shard=self.shard, in_flight=len(pending)))
-        _done, late = await asyncio.wait(pending, timeout=self.ctx.settings.worker.drain_grace)
+    async def _drain(self, dispatcher: asyncio.Task[None]) -> None:
+        """Give the shard's queued and running work ``drain_grace`` seconds, then cancel what is left.
+
+        The dispatcher goes on starting queued work meanwhile: work decided
+        before the stop is tried before the shard is handed on, as far as the
+        grace allows. What is still queued then is left to the next owner,
+        which schedules it again from the saved state and the store (except a
+        clean-up of a late attempt, which is in neither: its files stay
+        staged, as after a crash, and ``audit`` reports them).
+        """
+        if self._queue.datasets:
+            log.info(
+                "draining shard",
+                extra=kv(shard=self.shard, queued=len(self._queue), in_flight=len(self._tasks)),
+            )
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.ctx.settings.worker.drain_grace):
+                    while self._queue.datasets:
+                        self._queue_changed.clear()
+                        await self._queue_changed.wait()
+        await cancel_until_done(dispatcher)  # first: it must start nothing more
         # Each releases its lock on the way out; its WAL stays for the next owner.
-        await asyncio.gather(*(cancel_until_done(t) for t in late))
+        await asyncio.gather(*(cancel_until_done(t) for t in list(self._tasks) if not t.done()))
+        for item in self._queue.clear():
+            self._running.discard(item.key)
+            self.board.drop(work_label(item.key))
 
     async def _session(self) -> None:
         ctx = self.ctx

@@ -111,6 +111,16 @@ class WorkQueue(Generic[Q]):
         self._make_ready(item)
         return item
 
+    def clear(self) -> list[Q]:
+        """Empty the queue; return the items not started (ready or behind). Call it when none runs."""
+        left = [item for items in self._ready.values() for item in items]
+        left += [item for items in self._behind.values() for item in items]
+        self._ready.clear()
+        self._behind.clear()
+        self._busy.clear()
+        self._size = 0
+        return left
+
     def _make_ready(self, item: Q) -> None:
         items = self._ready.get(item.turn)
         if items is None:

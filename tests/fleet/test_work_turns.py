@@ -106,3 +106,57 @@ async def test_a_good_job_commits_between_the_aborts_of_a_big_failed_job(
             for x in (worker, coord):
                 x.shutdown()
         await asyncio.gather(*tasks)
+
+
+async def test_a_stopping_worker_runs_its_queued_work_within_the_drain_grace(
+    redis_url: str,
+    redis_client: redis.asyncio.Redis,
+    fleet_name: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One slot, held by a commit paused at ``commit.locked``, and three commits queued behind it:
+    the worker is told to stop, then the pause ends. The queued commits are started during the
+    drain (work decided before a stop is tried before the shard is handed on), all four land, and
+    the worker's run ends with nothing left queued or on the board."""
+    settings = fleet_settings(
+        redis_url, tmp_path / "store", fleet_name, shards=1, worker={"max_inflight_datasets": 1}
+    )
+    paused = asyncio.Event()
+    go = asyncio.Event()
+
+    async def pause_first(point: str) -> None:
+        if point == "commit.locked" and not paused.is_set():
+            paused.set()
+            await go.wait()
+
+    monkeypatch.setattr(actions, "checkpoint", pause_first)
+    names = [f"ds-{i}" for i in range(4)]
+    await ensure_fleet(redis_client, fleet_name, settings.fleet.shards)
+    coord = Coordinator(settings, coordinator_id="c1")
+    worker = Worker(settings, worker_id="w1")
+    async with open_store(settings.store.url, settings.store) as store, asyncio.TaskGroup() as tg:
+        coord_task = tg.create_task(coord.run())
+        worker_task = tg.create_task(worker.run())
+        try:
+            pub = AsyncPublisher(redis_client, fleet_name, settings.fleet.shards)
+            await pub.publish_many(await good_job(store, "job-d", names, 1))
+            await asyncio.wait_for(paused.wait(), 30)
+            runner = next(r for r, _task in worker._runners.values())
+
+            async def three_queued() -> bool:
+                return len(runner._queue) == 3
+
+            await wait_for(three_queued, timeout=30, what="three commits queued behind the paused one")
+            worker.shutdown()
+            go.set()
+            await asyncio.wait_for(worker_task, 60)
+            assert await committed(store, names, "job-d")
+            assert len(runner._queue) == 0 and runner._queue.datasets == 0 and not runner._running
+            events = await admin_events(redis_client, fleet_name)
+            assert sorted(e.dataset for e in events if isinstance(e, Committed)) == names
+        finally:
+            go.set()
+            worker.shutdown()
+            coord.shutdown()
+        await asyncio.gather(coord_task, worker_task)
