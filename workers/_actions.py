@@ -50,6 +50,7 @@ from ._jobstate import (
     Action,
     CleanupAttempt,
     Commit,
+    Ended,
     ShardJobs,
     Status,
 )
@@ -99,7 +100,9 @@ class ActionsMixin:
     async def _save(self, batch: Batch) -> None:
         raise NotImplementedError
 
-    async def _save_change(self, job: str, change: Callable[[], Batch | None]) -> None:
+    async def _save_change(
+        self, job: str, change: Callable[[], Batch | None], saved: Callable[[], None] | None = None
+    ) -> None:
         raise NotImplementedError
 
     if TYPE_CHECKING:
@@ -328,6 +331,7 @@ class ActionsMixin:
         Raises:
             Fenced, TransientError: the save failed; nothing changed in memory.
         """
+        ending: list[Ended] = []  # the job's end, when this change ends it
 
         def change() -> Batch | None:
             meta = self.state.set_status(job, dataset, status, reason)
@@ -341,12 +345,19 @@ class ActionsMixin:
             done = self.state.job_done(job)
             if done is not None:
                 batch.drop_attempts.extend(attempt_fields(self.state, job))
-                self.state.end_job(job, done, time.time())
+                # Only the end record before the save (the save writes it); the
+                # job's records go once it is durable (see _save_change).
+                ending.append(Ended(status=done, at=time.time()))
+                self.state.ended[job] = ending[0]
                 batch.jobs.discard(job)
                 batch.ended.add(job)
             return batch
 
-        await self._save_change(job, change)
+        def saved() -> None:
+            if ending:
+                self.state.end_job(job, ending[0].status, ending[0].at)
+
+        await self._save_change(job, change, saved)
 
     def _result(self, job: str, dataset: str, status: Status, reason: str) -> DatasetResult | None:
         """Return the outcome record the job's driver reads, for a status it waits for (else None)."""

@@ -31,7 +31,6 @@ from ._context import WorkerContext
 from ._decide import decide
 from ._jobstate import (
     Action,
-    Attempt,
     Decision,
     Ended,
     JobMeta,
@@ -340,15 +339,22 @@ class IntakeMixin:
         async with self._save_turn():
             await self.store.save(batch, self.state)
 
-    async def _save_change(self, job: str, change: Callable[[], Batch | None]) -> None:
-        """Apply ``change`` to ``job``'s records, then save the batch it returns; under the save lock.
+    async def _save_change(
+        self, job: str, change: Callable[[], Batch | None], saved: Callable[[], None] | None = None
+    ) -> None:
+        """Apply ``change`` to ``job``'s records, save the batch it returns, then call ``saved``;
+        all under the save lock.
 
         Another save writes the metadata of the jobs it names as the state has
         it: were the change applied before the lock is ours, a save queued
         before it could write it (a dataset marked committed, say) ahead of the
         change's own records (the result its driver reads, the job's end), and
         a crash in between would lose them. ``change`` returns None when there
-        is nothing to save.
+        is nothing to save; it may change ``job``'s metadata and end record
+        only (what is put back on failure). What may only happen once the save
+        is durable (dropping an ended job's attempts) is ``saved``'s: so a
+        failed save never has to rebuild them, and a status change costs no
+        copy of the job's attempts.
 
         Raises:
             Fenced, TransientError: as :meth:`ShardStateStore.save`; ``job``'s
@@ -367,27 +373,28 @@ class IntakeMixin:
             except BaseException:
                 _put_back(self.state, job, before)
                 raise
+            if saved is not None:
+                saved()
 
 
-_JobRecords = tuple[JobMeta | None, dict[tuple[str, str], dict[int, dict[int, Attempt]]], Ended | None]
+_JobRecords = tuple[JobMeta | None, Ended | None]
 
 
 def _records_of(state: ShardJobs, job: str) -> _JobRecords:
-    """Return what ``state`` holds of ``job`` (its metadata, attempts and end), to put back later.
+    """Return what a change may alter of ``job`` in ``state`` (its metadata and end), to put back later.
 
-    Only the job's own attempts are looked up (an index of the state): a
-    status change costs the job's datasets, not every open dataset of the shard.
+    Constant time: the job's attempts are not part of it (a change leaves them
+    alone; :meth:`IntakeMixin._save_change`).
     """
-    return state.jobs.get(job), state.attempts_of(job), state.ended.get(job)
+    return state.jobs.get(job), state.ended.get(job)
 
 
 def _put_back(state: ShardJobs, job: str, records: _JobRecords) -> None:
-    meta, attempts, ended = records
+    meta, ended = records
     if meta is None:
         state.jobs.pop(job, None)
     else:
         state.jobs[job] = meta
-    state.replace_attempts(job, attempts)
     if ended is None:
         state.ended.pop(job, None)
     else:

@@ -1,9 +1,10 @@
 """A job's attempts are found through an index, never by scanning every open dataset of the shard.
 
 ``ShardJobs.attempts_of`` / ``replace_attempts`` / ``end_job`` (and through
-them ``attempt_fields`` and a failed status change's put back) must see
-exactly the job's keys of ``attempts``: checked against the full scan over
-random histories, and checked not to iterate over ``attempts`` at all.
+them ``attempt_fields``) must see exactly the job's keys of ``attempts``:
+checked against the full scan over random histories, and checked not to
+iterate over ``attempts`` at all. A failed status change's put back touches
+no attempt (a job's attempts go only once its end is saved).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 
 from shared.events import DatasetExpectation, StagedFile
 from workers._intake import _put_back, _records_of
-from workers._jobstate import Attempt, ShardJobs
+from workers._jobstate import Attempt, Ended, ShardJobs
 from workers._state_store import attempt_fields
 
 JOBS = ["j0", "j1", "j2"]
@@ -30,7 +31,7 @@ _op = st.one_of(
         st.integers(0, 2),
     ),
     st.tuples(st.just("end"), st.sampled_from(JOBS)),
-    st.tuples(st.just("put_back_after_end"), st.sampled_from(JOBS)),
+    st.tuples(st.just("put_back_end"), st.sampled_from(JOBS)),
 )
 
 
@@ -54,12 +55,13 @@ def test_the_index_matches_a_full_scan(ops: list[tuple[Any, ...]]) -> None:
         elif op[0] == "end":
             state.end_job(op[1], "aborted", 1.0)
             assert _scanned(state, op[1]) == {}
-        else:  # a status change that ended the job, whose save failed: put back
+        else:  # a status change that would end the job, whose save failed: put back
             before = {k: {t: dict(a) for t, a in v.items()} for k, v in _scanned(state, op[1]).items()}
             records = _records_of(state, op[1])
-            state.end_job(op[1], "committed", 1.0)
+            state.ended[op[1]] = Ended(status="committed", at=1.0)  # all such a change does before its save
             _put_back(state, op[1], records)
             assert _scanned(state, op[1]) == before
+            assert state.ended.get(op[1]) == records[1]
         for job in JOBS:
             assert state.attempts_of(job) == _scanned(state, job)
             fields = {
@@ -95,11 +97,7 @@ def test_a_job_end_and_a_put_back_look_up_only_the_jobs_datasets() -> None:
     state.tally.counts = _NoScan(dict.items(state.tally.counts))
 
     assert sorted(attempt_fields(state, "j")) == ["j/a/0/0", "j/b/0/0"]
-    records = _records_of(state, "j")
-    state.end_job("j", "committed", 1.0)
-    assert ("j", "a") not in state.attempts and ("j", "b") not in state.attempts
-    _put_back(state, "j", records)
-    assert ("j", "b") in state.attempts
+    _put_back(state, "j", _records_of(state, "j"))  # a failed status change: no attempt looked at
     state.end_job("j", "aborted", 2.0)
     assert dict.__len__(state.attempts) == 200
     assert dict.__len__(state.tally.counts) == 200  # the job's count forgotten, the others kept
