@@ -9,8 +9,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import redis.asyncio
 
+import workers._actions as actions
 from shared import Settings, load_settings
 from shared.commit import AuditReport, audit, read_manifest
 from shared.events import (
@@ -45,6 +47,24 @@ def fleet_settings(redis_url: str, root: Path, fleet: str, *, shards: int = 8, *
     for section, values in extra.items():
         overrides.setdefault(section, {}).update(values)
     return load_settings(env={}, overrides=overrides)
+
+
+def pause_first_at(monkeypatch: pytest.MonkeyPatch, point: str) -> tuple[asyncio.Event, asyncio.Event]:
+    """Make the first work to reach checkpoint ``point`` (``workers._actions.checkpoint``) wait there.
+
+    Returns ``(paused, go)``: ``paused`` is set when that work arrives, and it
+    goes on once the test sets ``go``; later arrivals pass at once.
+    """
+    paused = asyncio.Event()
+    go = asyncio.Event()
+
+    async def pause_first(at: str) -> None:
+        if at == point and not paused.is_set():
+            paused.set()
+            await go.wait()
+
+    monkeypatch.setattr(actions, "checkpoint", pause_first)
+    return paused, go
 
 
 async def stage_task(

@@ -28,7 +28,16 @@ from shared.storage import open_store
 from tests._support.wait import wait_for
 from workers import Worker, read_in_flight
 
-from ._helpers import admin_events, clean_audit, committed, fleet_settings, good_job, no_wal_left, stage_task
+from ._helpers import (
+    admin_events,
+    clean_audit,
+    committed,
+    fleet_settings,
+    good_job,
+    no_wal_left,
+    pause_first_at,
+    stage_task,
+)
 
 LOCK = {"validity": 1.2, "renew_interval": 0.3, "max_drift": 0.1, "poll_min": 0.02, "poll_max": 0.2}
 
@@ -244,20 +253,10 @@ async def test_work_waiting_for_a_slot_or_for_its_dataset_shows_as_queued(
 ) -> None:
     """One in-flight slot, held by a commit paused at ``commit.locked``: the other commit shows `queued`.
 
-    Both datasets are in one shard, so one intake batch schedules both: with
-    two shards, the second one's intake could wait for the slot before it read
-    its ``job_finished`` (back-pressure: still in the stream, not queued).
+    Both datasets are in one shard, so one intake batch queues both.
     """
     settings = fleet_settings(redis_url, tmp_path / "store", fleet_name, worker={"max_inflight_datasets": 1})
-    paused = asyncio.Event()
-    go = asyncio.Event()
-
-    async def pause_first(point: str) -> None:
-        if point == "commit.locked" and not paused.is_set():
-            paused.set()
-            await go.wait()
-
-    monkeypatch.setattr(actions, "checkpoint", pause_first)
+    paused, go = pause_first_at(monkeypatch, "commit.locked")
     first = shard_of("ds-q0", settings.fleet.shards)
     names = [
         "ds-q0",

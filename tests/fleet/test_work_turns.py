@@ -25,7 +25,15 @@ from shared.storage import open_store
 from tests._support.wait import wait_for
 from workers import Worker
 
-from ._helpers import admin_events, clean_audit, committed, failed_job, fleet_settings, good_job
+from ._helpers import (
+    admin_events,
+    clean_audit,
+    committed,
+    failed_job,
+    fleet_settings,
+    good_job,
+    pause_first_at,
+)
 
 BIG = 40  # datasets of the failed job
 SLOTS = 2
@@ -122,15 +130,7 @@ async def test_a_stopping_worker_runs_its_queued_work_within_the_drain_grace(
     settings = fleet_settings(
         redis_url, tmp_path / "store", fleet_name, shards=1, worker={"max_inflight_datasets": 1}
     )
-    paused = asyncio.Event()
-    go = asyncio.Event()
-
-    async def pause_first(point: str) -> None:
-        if point == "commit.locked" and not paused.is_set():
-            paused.set()
-            await go.wait()
-
-    monkeypatch.setattr(actions, "checkpoint", pause_first)
+    paused, go = pause_first_at(monkeypatch, "commit.locked")
     names = [f"ds-{i}" for i in range(4)]
     await ensure_fleet(redis_client, fleet_name, settings.fleet.shards)
     coord = Coordinator(settings, coordinator_id="c1")
