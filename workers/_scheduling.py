@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -91,11 +92,14 @@ class SchedulingMixin:
         """Return whether intake may read more: the queue is shorter than ``worker.max_queued_work``."""
         return len(self._queue) < self.ctx.settings.worker.max_queued_work
 
-    async def _wait_room(self) -> None:
-        """Return once the shard's queue is shorter than ``worker.max_queued_work`` (back-pressure)."""
-        while not self._has_room():
-            self._queue_changed.clear()
-            await self._queue_changed.wait()
+    async def _wait_room(self, timeout: float) -> None:  # noqa: ASYNC109 - a tick, not a deadline
+        """Return once the shard's queue is shorter than ``worker.max_queued_work`` (back-pressure),
+        the shard is stopping, or ``timeout`` seconds have passed (the caller's tick is due)."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                while not self._has_room() and not self.stopping.is_set():
+                    self._queue_changed.clear()  # request_stop sets it too
+                    await self._queue_changed.wait()
 
     async def _dispatch(self) -> None:
         """Start queued work as in-flight slots free up; never returns.
@@ -120,17 +124,29 @@ class SchedulingMixin:
                 task = self._tg.create_task(self._run_work(item))
             except RuntimeError:
                 # The runner's task group is ending: give the slot back and end with it.
-                inflight.release()
                 self._ended(item)
                 raise_if_cancelling()
                 raise
             self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            # A callback, not a ``finally`` in the task: a task cancelled before
+            # it first runs (its group aborting on a sibling's Fenced) never
+            # enters its coroutine, and its slot, shared by the whole worker,
+            # would be gone for good.
+            task.add_done_callback(functools.partial(self._work_done, item))
+
+    def _work_done(self, item: QueuedWork, task: asyncio.Task[None]) -> None:
+        """``item``'s task ended, however (even cancelled before it started): free what it held."""
+        self._tasks.discard(task)
+        # Not in flight here any more, whether done, left to the next owner or cancelled.
+        self.board.drop(work_label(item.key))
+        self._ended(item)
 
     def _ended(self, item: QueuedWork) -> None:
-        """Forget ``item`` (ended or dropped); make the next work of its dataset ready."""
+        """Forget ``item`` (its work ended or never started); free its slot; make the next work of its
+        dataset ready."""
         self._running.discard(item.key)
         self._queue.done(item.dataset)
+        self.ctx.inflight.release()
         self._queue_changed.set()  # the next work of the dataset may be ready; a drain may be over
 
     def _flight(
@@ -148,13 +164,12 @@ class SchedulingMixin:
         )
 
     async def _run_work(self, item: QueuedWork) -> None:
-        """Run ``item``'s work, keeping the shard's in-flight board up to date; then free its slot."""
-        try:
-            await self._retrying(item.work, item.key, item.since)
-            self.board.drop(work_label(item.key))
-        finally:
-            self._ended(item)
-            self.ctx.inflight.release()
+        """Run ``item``'s work, keeping the shard's in-flight board up to date.
+
+        Its slot is freed and its board entry dropped by :meth:`_work_done`
+        when the task ends, whichever way.
+        """
+        await self._retrying(item.work, item.key, item.since)
 
     async def _retrying(self, work: Work, key: tuple[object, ...], since: float) -> None:
         """Run ``work`` until it is done, the shard stops, or another worker owns the shard.

@@ -117,6 +117,7 @@ class ShardRunner(SchedulingMixin, IntakeMixin, ActionsMixin, OperatorRequestsMi
     def request_stop(self) -> None:
         """Ask the runner to stop intake and drain (idempotent)."""
         self.stopping.set()
+        self._queue_changed.set()  # wakes an intake paused for room (SchedulingMixin._wait_room)
 
     # -- life ---------------------------------------------------------------------------
 
@@ -224,7 +225,12 @@ class ShardRunner(SchedulingMixin, IntakeMixin, ActionsMixin, OperatorRequestsMi
             if ahead:
                 entries, ahead = ahead, []
             else:
-                await self._wait_room()
+                while not self._has_room() and not self.stopping.is_set():
+                    # Paused for room: the tick goes on (timeouts, operator requests, takeovers).
+                    await self._wait_room(TICK_S)
+                    await self._tick_if_due()
+                if self.stopping.is_set():
+                    break
                 entries = await self._consumer.read(size, ctx.settings.worker.read_block_ms)
             if entries:
                 # A full batch says there is a backlog: its save reads the next one
@@ -234,9 +240,12 @@ class ShardRunner(SchedulingMixin, IntakeMixin, ActionsMixin, OperatorRequestsMi
                     ahead = await self._process_ahead(entries, size)
                 else:
                     ahead = await self._process(entries, read_next=size if more else 0)
-            if time.monotonic() - self._last_tick >= TICK_S:
-                self._last_tick = time.monotonic()
-                await self._tick()
+            await self._tick_if_due()
+
+    async def _tick_if_due(self) -> None:
+        if time.monotonic() - self._last_tick >= TICK_S:
+            self._last_tick = time.monotonic()
+            await self._tick()
 
     async def _claim_others(self, *, forget_idle: bool = False) -> list[Entry]:
         """Take over the entries pending to any other consumer of the shard's group.

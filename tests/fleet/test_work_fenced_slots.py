@@ -1,0 +1,165 @@
+"""A work task fenced while work is queued leaks no worker-wide in-flight slot.
+
+Found from outside: when a work task ended with Fenced, its ``finally`` freed
+its slot; the dispatcher took that slot at once and created a new task; the
+shard's task group then aborted and cancelled that task before its first
+step, so its ``finally`` never ran and the slot (``ctx.inflight``, shared by
+the whole worker) was gone for good: after as many fences as slots, the worker
+kept its shards and never started any work again. Slots are now freed by the
+task's done-callback (``SchedulingMixin._work_done``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import redis.asyncio
+
+import workers._actions as actions
+from coordinator import Coordinator
+from shared.fleet import FleetRegistry
+from shared.queue import AsyncPublisher, Keys, ensure_fleet
+from shared.storage import open_store
+from tests._support.wait import wait_for
+from workers import Worker
+
+from ._helpers import committed, fleet_settings, good_job
+
+SLOTS = 2
+
+
+async def test_fenced_work_does_not_leak_inflight_slots(
+    redis_url: str,
+    redis_client: redis.asyncio.Redis,
+    fleet_name: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    settings = fleet_settings(
+        redis_url, tmp_path / "store", fleet_name, shards=1, worker={"max_inflight_datasets": SLOTS}
+    )
+    gate = asyncio.Event()
+    waiting = 0
+
+    async def gated(point: str) -> None:
+        nonlocal waiting
+        if point == "commit.locked" and not gate.is_set():
+            waiting += 1
+            try:
+                await gate.wait()
+            finally:
+                waiting -= 1
+
+    monkeypatch.setattr(actions, "checkpoint", gated)
+    await ensure_fleet(redis_client, fleet_name, 1)
+    coord = Coordinator(settings, coordinator_id="c1")
+    worker = Worker(settings, worker_id="w1")
+    reg = FleetRegistry(redis_client, Keys(fleet_name))
+    async with open_store(settings.store.url, settings.store) as store, asyncio.TaskGroup() as tg:
+        tasks = [tg.create_task(x.run()) for x in (coord, worker)]
+        try:
+            pub = AsyncPublisher(redis_client, fleet_name, 1)
+            names = [f"a-{i}" for i in range(10)]
+            await pub.publish_many(await good_job(store, "job-a", names, 1, duplicate_attempt=False))
+
+            async def slots_held() -> bool:
+                return waiting == SLOTS
+
+            await wait_for(slots_held, timeout=30, what="both slots held by paused commits")
+            runner, _t = worker._runners[0]
+            ctx = runner.ctx
+            assert len(runner._queue) == len(names) - SLOTS
+            # Another owner took the shard (as after a freeze past the lease): steal the token.
+            good_token = await reg.owner_token(0)
+            await redis_client.set(Keys(fleet_name).shard_state(0, "owner"), b"other@999")
+            gate.set()  # the paused commits go on, and their status saves are fenced
+
+            async def runner_ended() -> bool:
+                return _t.done()
+
+            await wait_for(runner_ended, timeout=30, what="fenced runner ended")
+            # Give the shard back to w1 (as the coordinator would, after the other owner left).
+            await redis_client.set(Keys(fleet_name).shard_state(0, "owner"), good_token)
+            await wait_for(
+                lambda: committed(store, names, "job-a"), timeout=60, what="job-a committed by the new runner"
+            )
+
+            async def idle() -> bool:
+                r = worker._runners.get(0)
+                return r is not None and not r[0]._running and len(r[0]._queue) == 0
+
+            await wait_for(idle, timeout=30, what="runner idle")
+            assert ctx.inflight._value == SLOTS, f"leaked {SLOTS - ctx.inflight._value} in-flight slot(s)"
+        finally:
+            gate.set()
+            for x in (worker, coord):
+                x.shutdown()
+        await asyncio.gather(*tasks)
+
+
+async def test_the_worker_still_commits_after_as_many_fences_as_slots(
+    redis_url: str,
+    redis_client: redis.asyncio.Redis,
+    fleet_name: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each fence of a work task with work queued used to leak one slot; after SLOTS of them the
+    worker kept its shard (heartbeat fine) but never started any work again: a later job never committed."""
+    settings = fleet_settings(
+        redis_url, tmp_path / "store", fleet_name, shards=1, worker={"max_inflight_datasets": SLOTS}
+    )
+    gate = asyncio.Event()
+    waiting = 0
+
+    async def gated(point: str) -> None:
+        nonlocal waiting
+        if point == "commit.locked" and not gate.is_set():
+            waiting += 1
+            try:
+                await gate.wait()
+            finally:
+                waiting -= 1
+
+    monkeypatch.setattr(actions, "checkpoint", gated)
+    await ensure_fleet(redis_client, fleet_name, 1)
+    coord = Coordinator(settings, coordinator_id="c1")
+    worker = Worker(settings, worker_id="w1")
+    reg = FleetRegistry(redis_client, Keys(fleet_name))
+    owner_key = Keys(fleet_name).shard_state(0, "owner")
+    async with open_store(settings.store.url, settings.store) as store, asyncio.TaskGroup() as tg:
+        tasks = [tg.create_task(x.run()) for x in (coord, worker)]
+        try:
+            pub = AsyncPublisher(redis_client, fleet_name, 1)
+            for rnd in range(SLOTS):
+                gate.clear()
+                names = [f"r{rnd}-{i}" for i in range(10)]
+                await pub.publish_many(await good_job(store, f"job-{rnd}", names, 1, duplicate_attempt=False))
+
+                async def some_held() -> bool:
+                    r = worker._runners.get(0)
+                    return r is not None and waiting >= 1 and len(r[0]._queue) > 0
+
+                await wait_for(some_held, timeout=30, what=f"round {rnd}: commits paused, work queued")
+                runner, task = worker._runners[0]
+                ctx = runner.ctx
+                good_token = await reg.owner_token(0)
+                await redis_client.set(owner_key, b"other@999")
+                gate.set()
+
+                async def ended(task: asyncio.Task[None] = task) -> bool:
+                    return task.done()
+
+                await wait_for(ended, timeout=30, what="fenced runner ended")
+                await redis_client.set(owner_key, good_token)
+                assert ctx.inflight._value <= SLOTS
+            names = ["late-0", "late-1"]
+            await pub.publish_many(await good_job(store, "job-late", names, 1, duplicate_attempt=False))
+            await wait_for(lambda: committed(store, names, "job-late"), timeout=60, what="job-late committed")
+        finally:
+            gate.set()
+            for x in (worker, coord):
+                x.shutdown()
+        await asyncio.gather(*tasks)

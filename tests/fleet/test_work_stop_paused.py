@@ -1,0 +1,85 @@
+"""A stop that comes while intake is paused (its shard's queue full) ends within worker.drain_grace.
+
+Found from outside: the session's intake waited for room in the queue without
+looking at ``stopping``, and the drain (with its ``drain_grace`` clock) began
+only after it: a worker told to stop with a full queue ended when the runner
+watchdog cancelled it (about 32 s with a 2 s grace), leaving its in-flight
+board behind. Also: a drained worker leaves no entry on its board (a work
+cancelled by the drain used to stay there as ``running``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+import redis.asyncio
+
+import workers._actions as actions
+from coordinator import Coordinator
+from shared.queue import AsyncPublisher, Keys, ensure_fleet
+from shared.storage import open_store
+from tests._support.wait import wait_for
+from workers import Worker
+
+from ._helpers import fleet_settings, good_job
+
+GRACE = 2.0
+
+
+@pytest.mark.parametrize("max_queued", [3, 1000])
+async def test_a_stop_while_intake_is_paused_ends_within_the_drain_grace(
+    max_queued: int,
+    redis_url: str,
+    redis_client: redis.asyncio.Redis,
+    fleet_name: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    settings = fleet_settings(
+        redis_url,
+        tmp_path / "store",
+        fleet_name,
+        shards=1,
+        worker={"max_inflight_datasets": 1, "max_queued_work": max_queued, "drain_grace": GRACE},
+    )
+    gate = asyncio.Event()  # a slow commit: holds the only slot until the test says so
+    held = asyncio.Event()
+
+    async def gated(point: str) -> None:
+        if point == "commit.locked" and not gate.is_set():
+            held.set()
+            await gate.wait()
+
+    monkeypatch.setattr(actions, "checkpoint", gated)
+    await ensure_fleet(redis_client, fleet_name, 1)
+    coord = Coordinator(settings, coordinator_id="c1")
+    worker = Worker(settings, worker_id="w1")
+    async with open_store(settings.store.url, settings.store) as store, asyncio.TaskGroup() as tg:
+        coord_task = tg.create_task(coord.run())
+        worker_task = tg.create_task(worker.run())
+        try:
+            pub = AsyncPublisher(redis_client, fleet_name, 1)
+            names = [f"d-{i}" for i in range(10)]
+            await pub.publish_many(await good_job(store, "job-a", names, 1, duplicate_attempt=False))
+            await asyncio.wait_for(held.wait(), 30)
+            runner, _ = worker._runners[0]
+
+            async def paused() -> bool:
+                return len(runner._queue) >= min(max_queued, len(names) - 1)
+
+            await wait_for(paused, timeout=30, what="queue full, intake paused")
+            t0 = time.monotonic()
+            worker.shutdown()
+            done, _ = await asyncio.wait({worker_task}, timeout=GRACE + 15)
+            took = time.monotonic() - t0
+            assert done, f"worker still running {took:.1f}s after shutdown (drain_grace {GRACE}s)"
+        finally:
+            gate.set()
+            worker.shutdown()
+            coord.shutdown()
+        await asyncio.gather(coord_task, worker_task)
+    board = await redis_client.hgetall(Keys(fleet_name).shard_state(0, "inflight"))
+    assert not board, f"the stopped worker left its in-flight board: {board}"
