@@ -30,6 +30,23 @@ from ._helpers import committed, fleet_settings, good_job
 SLOTS = 2
 
 
+class _Gate:
+    """Commits wait at ``commit.locked`` while ``open`` is not set; ``waiting`` counts them."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.open = asyncio.Event()
+        self.waiting = 0
+        monkeypatch.setattr(actions, "checkpoint", self._at)
+
+    async def _at(self, point: str) -> None:
+        if point == "commit.locked" and not self.open.is_set():
+            self.waiting += 1
+            try:
+                await self.open.wait()
+            finally:
+                self.waiting -= 1
+
+
 async def test_fenced_work_does_not_leak_inflight_slots(
     redis_url: str,
     redis_client: redis.asyncio.Redis,
@@ -40,19 +57,7 @@ async def test_fenced_work_does_not_leak_inflight_slots(
     settings = fleet_settings(
         redis_url, tmp_path / "store", fleet_name, shards=1, worker={"max_inflight_datasets": SLOTS}
     )
-    gate = asyncio.Event()
-    waiting = 0
-
-    async def gated(point: str) -> None:
-        nonlocal waiting
-        if point == "commit.locked" and not gate.is_set():
-            waiting += 1
-            try:
-                await gate.wait()
-            finally:
-                waiting -= 1
-
-    monkeypatch.setattr(actions, "checkpoint", gated)
+    gate = _Gate(monkeypatch)
     await ensure_fleet(redis_client, fleet_name, 1)
     coord = Coordinator(settings, coordinator_id="c1")
     worker = Worker(settings, worker_id="w1")
@@ -65,7 +70,7 @@ async def test_fenced_work_does_not_leak_inflight_slots(
             await pub.publish_many(await good_job(store, "job-a", names, 1, duplicate_attempt=False))
 
             async def slots_held() -> bool:
-                return waiting == SLOTS
+                return gate.waiting == SLOTS
 
             await wait_for(slots_held, timeout=30, what="both slots held by paused commits")
             runner, _t = worker._runners[0]
@@ -74,7 +79,7 @@ async def test_fenced_work_does_not_leak_inflight_slots(
             # Another owner took the shard (as after a freeze past the lease): steal the token.
             good_token = await reg.owner_token(0)
             await redis_client.set(Keys(fleet_name).shard_state(0, "owner"), b"other@999")
-            gate.set()  # the paused commits go on, and their status saves are fenced
+            gate.open.set()  # the paused commits go on, and their status saves are fenced
 
             async def runner_ended() -> bool:
                 return _t.done()
@@ -93,7 +98,7 @@ async def test_fenced_work_does_not_leak_inflight_slots(
             await wait_for(idle, timeout=30, what="runner idle")
             assert ctx.inflight._value == SLOTS, f"leaked {SLOTS - ctx.inflight._value} in-flight slot(s)"
         finally:
-            gate.set()
+            gate.open.set()
             for x in (worker, coord):
                 x.shutdown()
         await asyncio.gather(*tasks)
@@ -111,19 +116,7 @@ async def test_the_worker_still_commits_after_as_many_fences_as_slots(
     settings = fleet_settings(
         redis_url, tmp_path / "store", fleet_name, shards=1, worker={"max_inflight_datasets": SLOTS}
     )
-    gate = asyncio.Event()
-    waiting = 0
-
-    async def gated(point: str) -> None:
-        nonlocal waiting
-        if point == "commit.locked" and not gate.is_set():
-            waiting += 1
-            try:
-                await gate.wait()
-            finally:
-                waiting -= 1
-
-    monkeypatch.setattr(actions, "checkpoint", gated)
+    gate = _Gate(monkeypatch)
     await ensure_fleet(redis_client, fleet_name, 1)
     coord = Coordinator(settings, coordinator_id="c1")
     worker = Worker(settings, worker_id="w1")
@@ -134,20 +127,20 @@ async def test_the_worker_still_commits_after_as_many_fences_as_slots(
         try:
             pub = AsyncPublisher(redis_client, fleet_name, 1)
             for rnd in range(SLOTS):
-                gate.clear()
+                gate.open.clear()
                 names = [f"r{rnd}-{i}" for i in range(10)]
                 await pub.publish_many(await good_job(store, f"job-{rnd}", names, 1, duplicate_attempt=False))
 
                 async def some_held() -> bool:
                     r = worker._runners.get(0)
-                    return r is not None and waiting >= 1 and len(r[0]._queue) > 0
+                    return r is not None and gate.waiting >= 1 and len(r[0]._queue) > 0
 
                 await wait_for(some_held, timeout=30, what=f"round {rnd}: commits paused, work queued")
                 runner, task = worker._runners[0]
                 ctx = runner.ctx
                 good_token = await reg.owner_token(0)
                 await redis_client.set(owner_key, b"other@999")
-                gate.set()
+                gate.open.set()
 
                 async def ended(task: asyncio.Task[None] = task) -> bool:
                     return task.done()
@@ -159,7 +152,7 @@ async def test_the_worker_still_commits_after_as_many_fences_as_slots(
             await pub.publish_many(await good_job(store, "job-late", names, 1, duplicate_attempt=False))
             await wait_for(lambda: committed(store, names, "job-late"), timeout=60, what="job-late committed")
         finally:
-            gate.set()
+            gate.open.set()
             for x in (worker, coord):
                 x.shutdown()
         await asyncio.gather(*tasks)
