@@ -1,10 +1,15 @@
-"""An in-process coordinator and worker for the intake tests, plus dead-letter probes."""
+"""The in-process test fleet: settings for a fast fleet, and a coordinator with workers run in this process.
+
+:func:`inprocess_fleet` is the one set-up of a coordinator and its workers as
+asyncio tasks of the test (the fleet tests of real processes use the
+``fleet`` fixture of tests/fleet/conftest.py instead).
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,36 +17,72 @@ from typing import Any
 import redis.asyncio
 
 from coordinator import Coordinator
-from shared import Settings
-from shared.queue import AsyncPublisher, DeadLetter, Keys, ensure_fleet, read_dead_letters
+from shared import Settings, load_settings
+from shared.events import AdminEvent
+from shared.queue import AsyncPublisher, DeadLetter, Keys, ensure_fleet, read_admin_range, read_dead_letters
 from shared.storage import ObjectStore, open_store
 from workers import Worker
 
-from ._helpers import fleet_settings
+
+def fleet_settings(redis_url: str, root: Path, fleet: str, *, shards: int = 8, **extra: Any) -> Settings:
+    """Return settings for a fast test fleet on a local-files root.
+
+    ``extra`` maps a settings section to overrides of some of its values
+    (``worker={"lease": 6.0}``), merged into the fast defaults.
+    """
+    overrides: dict[str, Any] = {
+        "fleet": {"name": fleet, "shards": shards},
+        "redis": {"url": redis_url},
+        "store": {"url": root.as_uri()},
+        "lock": {"validity": 6.0, "renew_interval": 1.5, "max_drift": 0.2, "poll_min": 0.02, "poll_max": 0.3},
+        "worker": {"lease": 3.0, "heartbeat": 0.5, "read_block_ms": 200, "drain_grace": 10.0},
+        "coordinator": {"tick": 0.2, "http_port": 0},
+        "commit": {"retry": {"attempts": 4, "initial": 0.01, "maximum": 0.1, "budget": 5.0}},
+        "log": {"level": "INFO", "format": "text"},
+    }
+    for section, values in extra.items():
+        overrides.setdefault(section, {}).update(values)
+    return load_settings(env={}, overrides=overrides)
 
 
 @dataclass
 class InProcessFleet:
-    """Handles on a running in-process fleet of one coordinator and one worker."""
+    """Handles on a running in-process fleet: one coordinator ``c1`` and its workers."""
 
     settings: Settings
     store: ObjectStore
     redis: redis.asyncio.Redis
-    worker: Worker
-    worker_task: asyncio.Task[None]
+    coordinator: Coordinator
+    coordinator_task: asyncio.Task[None]
+    workers: list[Worker]
+    worker_tasks: list[asyncio.Task[None]]
     publisher: AsyncPublisher
 
     @property
     def keys(self) -> Keys:
         return Keys(self.settings.fleet.name)
 
+    @property
+    def worker(self) -> Worker:
+        """The first worker."""
+        return self.workers[0]
+
+    @property
+    def worker_task(self) -> asyncio.Task[None]:
+        """The task running the first worker."""
+        return self.worker_tasks[0]
+
     def worker_alive(self) -> bool:
-        """Return True while the worker's run() has neither returned nor raised."""
+        """Return True while the first worker's run() has neither returned nor raised."""
         return not self.worker_task.done()
 
     async def dead(self, shard: int) -> list[DeadLetter]:
         """Return the shard's dead letters."""
         return await read_dead_letters(self.redis, self.keys, shard)
+
+    async def admin_events(self) -> list[AdminEvent]:
+        """Return every admin event so far."""
+        return [ev for _id, ev in await read_admin_range(self.redis, self.keys)]
 
 
 @asynccontextmanager
@@ -51,22 +92,57 @@ async def inprocess_fleet(
     fleet_name: str,
     root: Path,
     *,
-    worker_id: str = "w1",
+    workers: Sequence[str] = ("w1",),
+    settings: Settings | None = None,
+    ensure: bool = True,
+    workers_may_fail: bool = False,
     **overrides: Any,
 ) -> AsyncIterator[InProcessFleet]:
-    """Run a coordinator and one worker in this process until the block ends, then shut them down."""
-    settings = fleet_settings(redis_url, root, fleet_name, **overrides)
-    await ensure_fleet(redis_client, fleet_name, settings.fleet.shards)
+    """Run a coordinator ``c1`` and one worker per id of ``workers`` in this process until the block ends.
+
+    ``settings`` (made by :func:`fleet_settings` when omitted, from ``root``,
+    ``shards=`` and the other ``overrides``) are every process's; the store
+    handle is opened from them. ``ensure``: create the fleet's streams and
+    groups before anything starts (as ``commitfleet init`` does).
+
+    At the block's end every process is asked to stop and is waited for. By
+    default they run in a task group: one that raises fails the test at once,
+    and the block's end re-raises it (in an ExceptionGroup). With
+    ``workers_may_fail`` they are plain tasks, for tests that make a worker
+    fail on purpose and look at ``worker_task`` themselves; the coordinator must
+    still end cleanly (asserted) within 60 s.
+    """
+    if settings is None:
+        settings = fleet_settings(redis_url, root, fleet_name, **overrides)
+    elif overrides:
+        raise TypeError("give either settings or overrides, not both")
+    shards = settings.fleet.shards
+    if ensure:
+        await ensure_fleet(redis_client, fleet_name, shards)
     coord = Coordinator(settings, coordinator_id="c1")
-    worker = Worker(settings, worker_id=worker_id)
+    members = [Worker(settings, worker_id=wid) for wid in workers]
     secret = settings.security.hmac_secret.reveal_bytes()
-    publisher = AsyncPublisher(redis_client, fleet_name, settings.fleet.shards, secret=secret)
-    async with open_store(settings.store.url, settings.store) as store, asyncio.TaskGroup() as tg:
-        coord_task = tg.create_task(coord.run())
-        worker_task = tg.create_task(worker.run())
+    publisher = AsyncPublisher(redis_client, fleet_name, shards, secret=secret)
+    async with AsyncExitStack() as stack:
+        store = await stack.enter_async_context(open_store(settings.store.url, settings.store))
+        spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]]
+        if workers_may_fail:
+            spawn = asyncio.create_task
+        else:
+            spawn = (await stack.enter_async_context(asyncio.TaskGroup())).create_task
+        coord_task = spawn(coord.run())
+        worker_tasks = [spawn(w.run()) for w in members]
         try:
-            yield InProcessFleet(settings, store, redis_client, worker, worker_task, publisher)
+            yield InProcessFleet(
+                settings, store, redis_client, coord, coord_task, members, worker_tasks, publisher
+            )
         finally:
-            worker.shutdown()
+            for w in members:
+                w.shutdown()
             coord.shutdown()
-            await asyncio.wait([coord_task, worker_task])
+            if workers_may_fail:
+                await asyncio.wait([*worker_tasks, coord_task], timeout=60)
+            else:
+                await asyncio.wait([*worker_tasks, coord_task])
+        if workers_may_fail:
+            assert coord_task.done() and not coord_task.cancelled() and coord_task.exception() is None

@@ -21,12 +21,12 @@ from shared._settings import LockSettings
 from shared.locks import StorageLock, read_lock
 from shared.locks._lock import Clock
 from shared.storage._local import LocalStore
-
-from .test_lock_semantics import FAST, NAME, Fault, FaultyStore, is_renewal
+from tests._support.fault_store import Fault, FaultStore
+from tests._support.locks import FAST, NAME, is_renewal
 
 
 def _lock(
-    store: LocalStore | FaultyStore,
+    store: LocalStore | FaultStore,
     owner: str,
     settings: LockSettings = FAST,
     monotonic: Clock = time.monotonic,
@@ -113,7 +113,7 @@ async def test_loss_after_a_leaked_cancel_request_is_lock_lost(tmp_path: Path, l
     silently and the dataset stayed in flight on a live worker.
     """
     async with LocalStore(tmp_path / "s") as inner:
-        store = FaultyStore(inner)
+        store = FaultStore(inner)
         lock = _lock(store, "a")
         if leak == "before":
             await _leak_a_cancel_request()
@@ -139,7 +139,7 @@ async def test_loss_after_a_leaked_cancel_request_is_lock_lost(tmp_path: Path, l
 async def test_a_block_that_swallows_the_cancellation_is_cancelled_again(tmp_path: Path) -> None:
     """A cancellation lost once (as 3.11's wait_for can) does not let the block run on unprotected."""
     async with LocalStore(tmp_path / "s") as inner:
-        store = FaultyStore(inner)
+        store = FaultStore(inner)
         lock = _lock(store, "a")
         swallowed = 0
 

@@ -9,12 +9,10 @@ from pathlib import Path
 from shared._errors import OutcomeUnknown
 from shared.locks import read_lock
 from shared.locks._io import SEEN
-from shared.locks._state import lock_key
 from shared.storage._counting import CountingStore
 from shared.storage._local import LocalStore
-from tests.integration.test_lock_semantics import NAME, Fault, FaultyStore, lock, stored
-
-KEY = lock_key(NAME)
+from tests._support.fault_store import Fault, FaultStore
+from tests._support.locks import KEY, NAME, lock, stored
 
 
 async def test_a_new_lock_is_taken_with_one_request_and_released_with_one(tmp_path: Path) -> None:
@@ -68,7 +66,7 @@ async def test_a_stale_guess_never_takes_a_held_lock(tmp_path: Path) -> None:
 
 
 async def test_a_guessed_claim_that_landed_but_reported_failure_is_ours(tmp_path: Path) -> None:
-    faulty = FaultyStore(LocalStore(tmp_path / "s", durable=False))
+    faulty = FaultStore(LocalStore(tmp_path / "s", durable=False))
     faulty.faults.append(Fault("write_if_absent", OutcomeUnknown, after=True))
     lease = await lock(faulty, "a").acquire()
     assert lease.epoch == 1 and (await stored(faulty)).owner == "a"

@@ -19,11 +19,8 @@ from shared.locks import StorageLock
 from shared.storage._counting import CountingStore
 from shared.storage._latency import LatencyModel, LatencyStore
 from shared.storage._local import LocalStore
+from tests._support.locks import SLOW_POLL
 from tests._support.wait import wait_for
-
-SLOW_POLL = LockSettings(
-    validity=60.0, renew_interval=10.0, poll_min=30.0, poll_max=30.0, acquire_timeout=120.0
-)
 
 
 async def test_a_waiter_in_this_process_takes_over_at_the_release_with_one_write(tmp_path: Path) -> None:

@@ -10,18 +10,8 @@ from pathlib import Path
 import redis.asyncio
 
 from shared.locks import RedisReleaseNotifier, StorageLock
-from shared.storage._counting import CountingStore
 from shared.storage._local import LocalStore
-from tests.integration.test_lock_handoff import SLOW_POLL
-
-
-class _OtherProcess(CountingStore):
-    """The same files seen under another name: this process's in-process wake-ups do not reach it,
-    as for a contender in another process."""
-
-    @property
-    def url(self) -> str:
-        return self._inner.url + "#other-process"
+from tests._support.locks import SLOW_POLL, OtherProcess
 
 
 async def test_a_waiter_in_another_process_is_told_by_the_release_notice(
@@ -32,7 +22,7 @@ async def test_a_waiter_in_another_process_is_told_by_the_release_notice(
     notifier = RedisReleaseNotifier(client, f"test-{secrets.token_hex(3)}")
     try:
         holder = await StorageLock(inner, "ds", owner="a", settings=SLOW_POLL, notifier=notifier).acquire()
-        elsewhere = _OtherProcess(inner)
+        elsewhere = OtherProcess(inner)
         waiter = asyncio.create_task(
             StorageLock(elsewhere, "ds", owner="b", settings=SLOW_POLL, notifier=notifier).acquire()
         )

@@ -22,9 +22,8 @@ from shared.locks import SharedReleaseNotifier, StorageLock
 from shared.storage import ObjectStore
 from shared.storage._latency import LatencyModel, LatencyStore
 from shared.storage._local import LocalStore
+from tests._support.locks import SLOW_POLL, OtherProcess
 from tests._support.wait import wait_for
-from tests.integration.test_lock_handoff import SLOW_POLL
-from tests.integration.test_lock_notify import _OtherProcess
 
 
 @asynccontextmanager
@@ -77,7 +76,7 @@ async def test_a_waiter_elsewhere_is_woken_through_the_shared_connection(
     inner = LocalStore(tmp_path / "s", durable=False)
     async with _running(redis_url) as (notifier, client):
         # Its next poll is 30 s away: only the notice explains a prompt handoff.
-        await _handoff(inner, _OtherProcess(inner), "ds", notifier, client, SLOW_POLL)
+        await _handoff(inner, OtherProcess(inner), "ds", notifier, client, SLOW_POLL)
         # The last watcher out unsubscribed.
         await wait_for(
             lambda: _no_subscriber(client, notifier.channel("ds")), timeout=10, what="unsubscribed"
@@ -93,9 +92,7 @@ async def test_a_cut_connection_is_reopened_with_the_watched_channels(tmp_path: 
     async with _running(redis_url) as (notifier, client):
         holder = await StorageLock(inner, "ds", owner="a", settings=SLOW_POLL, notifier=notifier).acquire()
         waiter = asyncio.create_task(
-            StorageLock(
-                _OtherProcess(inner), "ds", owner="b", settings=SLOW_POLL, notifier=notifier
-            ).acquire()
+            StorageLock(OtherProcess(inner), "ds", owner="b", settings=SLOW_POLL, notifier=notifier).acquire()
         )
         channel = notifier.channel("ds")
         await wait_for(lambda: _subscribers(client, channel), timeout=10, what="the waiter's subscription")
@@ -134,7 +131,7 @@ async def test_cross_process_handoff_time_in_round_trips(tmp_path: Path, redis_u
     """
     median = 0.02
     store = LatencyStore(LocalStore(tmp_path / "s", durable=False), LatencyModel(median, median * 5, seed=1))
-    elsewhere = _OtherProcess(store)
+    elsewhere = OtherProcess(store)
     settings = LockSettings()  # the default poll bounds: 0.05 s .. 2 s
     gaps: dict[str, list[float]] = {"notice": [], "polling": []}
     fleet = f"test-{secrets.token_hex(3)}"

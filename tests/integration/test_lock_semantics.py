@@ -1,8 +1,8 @@
 """The storage lock against real stores (local files, and S3 / GCS / Azure emulators via ``any_store``).
 
-Faults are injected by :class:`FaultyStore`, a wrapper that forwards every call to the real store and,
-on the calls a test picks, raises an error before or after the real call (a write that took effect but
-answers 412 is the "ghost lock" of RFC-91's review), or never answers.
+Faults are injected by :class:`~tests._support.fault_store.FaultStore`, a wrapper that forwards every
+call to the real store and, on the calls a test picks, raises an error before or after the real call
+(a write that took effect but answers 412 is the "ghost lock" of RFC-91's review), or never answers.
 """
 
 from __future__ import annotations
@@ -10,11 +10,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 from pathlib import Path
-from types import TracebackType
-from typing import Self
 
 import pytest
 
@@ -29,19 +26,14 @@ from shared._errors import (
     Throttled,
     TransientError,
 )
-from shared._retry import RetryPolicy
 from shared._settings import LockSettings
-from shared.locks import HeldLease, Lease, LockRecord, StorageLock, lock_key, read_lock
-from shared.locks._state import decode_record, encode_record
-from shared.storage import ObjectData, ObjectInfo, ObjectStore
+from shared.locks import HeldLease, Lease, LockRecord, StorageLock, read_lock
+from shared.locks._state import encode_record
+from shared.storage import ObjectStore
 from shared.storage._local import LocalStore
+from tests._support.fault_store import Fault, FaultStore
+from tests._support.locks import FAST, KEY, NAME, is_release, is_renewal, lock, stored
 from tests._support.wait import wait_for
-
-FAST = LockSettings(
-    validity=1.2, renew_interval=0.3, max_drift=0.1, acquire_timeout=10.0, poll_min=0.01, poll_max=0.1
-)
-NAME = "ds1"
-KEY = lock_key(NAME)
 
 
 @pytest.fixture
@@ -49,109 +41,6 @@ async def tmp_store(tmp_path: Path) -> AsyncIterator[ObjectStore]:
     """A local-files store (for the tests whose faults need no emulator to be meaningful)."""
     async with LocalStore(tmp_path / "store") as store:
         yield store
-
-
-def lock(store: ObjectStore, owner: str, settings: LockSettings = FAST) -> StorageLock:
-    return StorageLock(store, NAME, owner=owner, settings=settings, retry=RetryPolicy(budget=5.0).no_wait())
-
-
-async def stored(store: ObjectStore) -> LockRecord:
-    rec = await read_lock(store, NAME)
-    assert rec is not None
-    return rec
-
-
-# -- fault injection ---------------------------------------------------------------------------------
-
-
-@dataclass
-class Fault:
-    """Raise ``error`` on the next ``times`` calls of ``method`` whose record matches ``when``.
-
-    ``after=True`` performs the real call first (the write lands, the answer says otherwise);
-    ``hang=True`` performs it (if ``after``) and then never answers.
-    """
-
-    method: str
-    error: type[BaseException] | None
-    after: bool = False
-    hang: bool = False
-    times: int = 1
-    when: Callable[[LockRecord], bool] = lambda _r: True
-    hits: int = 0
-
-
-class FaultyStore:
-    """A real store with injected faults on the lock object's writes."""
-
-    def __init__(self, inner: ObjectStore) -> None:
-        self.inner = inner
-        self.faults: list[Fault] = []
-
-    @property
-    def url(self) -> str:
-        return self.inner.url
-
-    async def _run(self, method: str, data: bytes, call: Callable[[], Awaitable[ObjectInfo]]) -> ObjectInfo:
-        record = decode_record(data)
-        fault = next(
-            (f for f in self.faults if f.method == method and f.hits < f.times and f.when(record)), None
-        )
-        if fault is None:
-            return await call()
-        fault.hits += 1
-        if fault.after:
-            await call()
-        if fault.hang:
-            await asyncio.Event().wait()
-        assert fault.error is not None
-        raise fault.error(f"injected {fault.error.__name__} on {method}")
-
-    async def read(self, key: str) -> ObjectData:
-        return await self.inner.read(key)
-
-    async def head(self, key: str) -> ObjectInfo:
-        return await self.inner.head(key)
-
-    async def head_md5(self, key: str) -> ObjectInfo:
-        return await self.inner.head_md5(key)
-
-    async def write(self, key: str, data: bytes) -> ObjectInfo:
-        return await self.inner.write(key, data)
-
-    async def write_if_absent(self, key: str, data: bytes) -> ObjectInfo:
-        return await self._run("write_if_absent", data, lambda: self.inner.write_if_absent(key, data))
-
-    async def write_if_match(self, key: str, data: bytes, version: str) -> ObjectInfo:
-        return await self._run("write_if_match", data, lambda: self.inner.write_if_match(key, data, version))
-
-    async def delete(self, key: str) -> None:
-        await self.inner.delete(key)
-
-    async def copy(self, src: str, dst: str, *, source: ObjectInfo | None = None) -> ObjectInfo:
-        return await self.inner.copy(src, dst, source=source)
-
-    def list(self, prefix: str = "", *, page_size: int = 1000) -> AsyncIterator[ObjectInfo]:
-        return self.inner.list(prefix, page_size=page_size)
-
-    async def close(self) -> None:
-        return None
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        return None
-
-
-def is_release(r: LockRecord) -> bool:
-    return r.released
-
-
-def is_renewal(r: LockRecord) -> bool:
-    return not r.released
 
 
 async def write_foreign(store: ObjectStore, *, owner: str, epoch: int, expires_in: float) -> LockRecord:
@@ -275,7 +164,7 @@ async def test_refused_renewal_cancels_the_body_with_fenced(any_store: ObjectSto
 
 
 async def test_lease_running_out_locally_cancels_the_body(tmp_store: ObjectStore) -> None:
-    faulty = FaultyStore(tmp_store)
+    faulty = FaultStore(tmp_store)
     # Renewals are sent but never answered: the local deadline must stop the work.
     faulty.faults.append(Fault("write_if_match", None, hang=True, times=100, when=is_renewal))
     a = lock(faulty, "a")
@@ -293,7 +182,7 @@ async def test_lease_running_out_locally_cancels_the_body(tmp_store: ObjectStore
 
 
 async def test_check_fails_once_the_local_deadline_passes_without_renewal(tmp_store: ObjectStore) -> None:
-    faulty = FaultyStore(tmp_store)
+    faulty = FaultStore(tmp_store)
     faulty.faults.append(Fault("write_if_match", None, hang=True, times=100, when=is_renewal))
     lease = await lock(faulty, "a").acquire()
     lease.check()
@@ -370,7 +259,7 @@ async def test_outside_timeout_is_a_timeout_not_lock_lost(any_store: ObjectStore
 
 
 async def test_cancelled_acquire_does_not_leave_its_claim_behind(tmp_store: ObjectStore) -> None:
-    faulty = FaultyStore(tmp_store)
+    faulty = FaultStore(tmp_store)
     # The create lands but its answer never comes back; then the acquirer is cancelled.
     faulty.faults.append(Fault("write_if_absent", None, after=True, hang=True))
     a = lock(faulty, "a")
@@ -391,7 +280,7 @@ async def test_cancelled_acquire_does_not_leave_its_claim_behind(tmp_store: Obje
 async def test_claim_that_landed_but_reported_failure_is_ours(
     any_store: ObjectStore, error: type[Exception]
 ) -> None:
-    faulty = FaultyStore(any_store)
+    faulty = FaultStore(any_store)
     faulty.faults.append(Fault("write_if_absent", error, after=True))
     a = lock(faulty, "a")
     async with a.hold(timeout=5) as lease:
@@ -405,7 +294,7 @@ async def test_claim_that_landed_but_reported_failure_is_ours(
 async def test_takeover_that_landed_but_reported_failure_is_ours(any_store: ObjectStore) -> None:
     async with lock(any_store, "a").hold():
         pass
-    faulty = FaultyStore(any_store)
+    faulty = FaultStore(any_store)
     faulty.faults.append(Fault("write_if_match", PreconditionFailed, after=True, when=is_renewal))
     b = lock(faulty, "b")
     lease = await b.try_acquire()
@@ -417,7 +306,7 @@ async def test_takeover_that_landed_but_reported_failure_is_ours(any_store: Obje
 
 
 async def test_failed_claim_that_did_not_land_is_not_ours(any_store: ObjectStore) -> None:
-    faulty = FaultyStore(any_store)
+    faulty = FaultStore(any_store)
     faulty.faults.append(Fault("write_if_absent", PreconditionFailed))
     assert await lock(faulty, "a").try_acquire() is None
     assert await read_lock(any_store, NAME) is None
@@ -427,7 +316,7 @@ async def test_failed_claim_that_did_not_land_is_not_ours(any_store: ObjectStore
 async def test_renewal_that_landed_but_reported_failure_keeps_the_lease(
     any_store: ObjectStore, error: type[Exception]
 ) -> None:
-    faulty = FaultyStore(any_store)
+    faulty = FaultStore(any_store)
     faulty.faults.append(Fault("write_if_match", error, after=True, times=2, when=is_renewal))
     a = lock(faulty, "a")
     async with a.hold() as lease:
@@ -450,7 +339,7 @@ async def test_renewal_that_landed_but_reported_failure_keeps_the_lease(
 
 @pytest.mark.parametrize("after", [False, True], ids=["refused", "landed"])
 async def test_release_is_retried_on_throttling(any_store: ObjectStore, after: bool) -> None:
-    faulty = FaultyStore(any_store)
+    faulty = FaultStore(any_store)
     faulty.faults.append(Fault("write_if_match", Throttled, after=after, times=2, when=is_release))
     a = lock(faulty, "a")
     async with a.hold():
@@ -465,7 +354,7 @@ async def test_release_is_retried_on_throttling(any_store: ObjectStore, after: b
 
 
 async def test_release_that_keeps_failing_is_reported_and_the_lock_expires(tmp_store: ObjectStore) -> None:
-    faulty = FaultyStore(tmp_store)
+    faulty = FaultStore(tmp_store)
     faulty.faults.append(Fault("write_if_match", Throttled, times=1000, when=is_release))
     lease = await lock(faulty, "a").acquire()
     with pytest.raises(Throttled):
