@@ -16,8 +16,8 @@ from shared.commit import CommitRequest, StagedFile, WinningAttempt, table_step
 from shared.commit._catalog_ops import DATASET_PROPERTY, JOB_PROPERTY, load_table, open_catalog
 from shared.events import TableBinding, staged_key
 from shared.storage import ObjectStore
+from tests._support.commit import StagedJob, fast_settings
 from tests._support.emulators import StoreTarget
-from tests.integration.test_commit_support import StagedJob, fast_settings
 
 
 def table_settings(target: StoreTarget, tmp: Path, **tables: Any) -> Settings:

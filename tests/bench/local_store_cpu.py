@@ -32,7 +32,7 @@ from shared.commit import CommitRequest, StagedFile, WinningAttempt, commit_data
 from shared.events import lock_name, staged_key
 from shared.locks import StorageLock
 from shared.storage._local import LocalStore
-from tests.integration.test_commit_support import fast_settings
+from tests._support.commit import fast_settings
 
 
 async def _stage(store: LocalStore, dataset: str, files: int) -> CommitRequest:

@@ -45,7 +45,8 @@ from coordinator._status import fleet_status
 from shared import Settings
 from shared.queue import RESULT_RETENTION_S, AsyncPublisher, Keys, ensure_fleet
 from shared.storage import open_store
-from tests.fleet._helpers import fleet_settings, good_job
+from tests._support.fleet import fleet_settings
+from tests._support.fleet_jobs import good_job
 
 
 def rss_mb(pid: int) -> float:

@@ -72,7 +72,7 @@ from shared.queue import (
     ensure_fleet,
     trim_acknowledged,
 )
-from tests.fleet._helpers import fleet_settings
+from tests._support.fleet import fleet_settings
 from workers._decide import decide
 from workers._inflight import InFlight, InFlightBoard, work_label
 from workers._jobstate import ShardJobs

@@ -25,9 +25,9 @@ from shared._settings import Settings, TablesSettings
 from shared.commit import commit_dataset
 from shared.events import TableBinding
 from shared.storage import open_store
+from tests._support.commit import ManualLease, fast_settings
 from tests._support.emulators import DUMMY_AWS_ENV, StoreTarget, create_bucket, start_emulator
-from tests.integration.tables_support import stage_parquet_job
-from tests.integration.test_commit_support import ManualLease, fast_settings
+from tests._support.tables import stage_parquet_job
 
 
 async def bench(target: StoreTarget, tmp: Path, commits: int, tasks: int) -> dict[str, float]:

@@ -49,7 +49,8 @@ from coordinator._procs import FleetProcess, ThrowawayRedis, write_config
 from shared.events import QueueEvent
 from shared.queue import AsyncPublisher, Keys, ensure_fleet
 from shared.storage import open_store
-from tests.fleet._helpers import fleet_settings, good_job
+from tests._support.fleet import fleet_settings
+from tests._support.fleet_jobs import good_job
 
 
 def cpu_split(pid: int, *, thread: int | None = None) -> tuple[float, float]:

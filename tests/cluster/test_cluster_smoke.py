@@ -28,9 +28,11 @@ from shared.queue import (
     wait_replicated,
 )
 from shared.storage import open_store
+from tests._support.fleet import fleet_settings
+from tests._support.fleet_checks import admin_events, clean_audit, committed, no_wal_left
+from tests._support.fleet_jobs import good_job
 from tests._support.ports import free_port
 from tests._support.wait import wait_for
-from tests.fleet._helpers import admin_events, clean_audit, committed, fleet_settings, good_job, no_wal_left
 from workers import Worker
 
 

@@ -32,12 +32,13 @@ from shared.queue import (
     read_outcome_sync,
 )
 from shared.storage import ObjectStore, open_store
+from tests._support.fleet import fleet_settings
+from tests._support.fleet_checks import admin_events, committed
+from tests._support.fleet_jobs import failed_job, good_job, stage_task
+from tests._support.redis_monitor import CommandRecorder, command_keys, cross_slot_violations, parse_line
 from tests._support.redis_server import RedisServer
 from tests._support.wait import wait_for
-from tests.fleet._helpers import admin_events, committed, failed_job, fleet_settings, good_job, stage_task
 from workers import Worker
-
-from ._monitor import CommandRecorder, command_keys, cross_slot_violations, parse_line
 
 
 async def _run(client: redis.asyncio.Redis, store: ObjectStore, url: str, fleet: str, leaver: Worker) -> None:

@@ -47,10 +47,11 @@ from shared.spark import ProducerConfig
 from shared.spark._pack import build_pack
 from shared.storage import ObjectStore, open_store
 from tests._support.emulators import Emulator
+from tests._support.fleet import fleet_settings
+from tests._support.fleet_checks import admin_events
 from tests._support.redis_server import RedisHandle
 from tests._support.spark_cluster import HOSTS, Cluster, Daemon, standalone_cluster
 from tests._support.wait import wait_for
-from tests.fleet._helpers import admin_events, fleet_settings
 
 pytestmark = [pytest.mark.spark_cluster, pytest.mark.timeout(600)]
 

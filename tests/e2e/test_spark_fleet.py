@@ -52,10 +52,11 @@ from shared.fleet import FleetRegistry
 from shared.queue import Keys, ensure_fleet_sync, shard_of
 from shared.spark import ProducerConfig, TaskResult, commit_job, max_watermark
 from shared.storage import ObjectStore, open_store
+from tests._support.fleet import fleet_settings
+from tests._support.fleet_checks import admin_events
 from tests._support.redis_server import RedisHandle
 from tests._support.spark import spark_session_fixture
 from tests._support.wait import wait_for, wait_for_sync
-from tests.fleet._helpers import admin_events, fleet_settings
 
 pytestmark = pytest.mark.spark
 

@@ -18,8 +18,8 @@ from coordinator._procs import FleetProcess, fleet_processes, write_config
 from shared._settings import RedisSettings
 from shared.queue import connect, connect_sync, ensure_fleet_sync
 from shared.spark import ProducerConfig
+from tests._support.fleet import fleet_settings
 from tests._support.redis_cluster import LocalRedisCluster
-from tests.fleet._helpers import fleet_settings
 
 from .test_spark_fleet import SECRET, SHARDS, WORKERS, E2EFleet, fleet, spark, store
 from .test_spark_fleet import (

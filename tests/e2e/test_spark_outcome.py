@@ -26,10 +26,11 @@ from shared.queue import Keys, ensure_fleet_sync
 from shared.spark import JobNotCommitted, ProducerConfig, commit_job
 from shared.spark._publishing import publisher_for
 from shared.storage import ObjectStore, open_store
+from tests._support.fleet import fleet_settings
+from tests._support.fleet_checks import admin_events
 from tests._support.redis_server import RedisHandle
 from tests._support.spark import spark_session_fixture
 from tests._support.wait import wait_for
-from tests.fleet._helpers import admin_events, fleet_settings
 
 pytestmark = pytest.mark.spark
 

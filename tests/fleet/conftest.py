@@ -19,8 +19,7 @@ from shared.fleet import FleetRegistry
 from shared.queue import AsyncPublisher, Keys, ensure_fleet
 from shared.storage import ObjectStore, open_store
 from tests._support.emulators import MakeTarget
-
-from ._helpers import fleet_settings
+from tests._support.fleet import fleet_settings
 
 
 @dataclass

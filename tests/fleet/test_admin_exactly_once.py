@@ -23,20 +23,12 @@ from coordinator._cli_ops import operator_request
 from shared.events import Aborted, Committed, Quarantined
 from shared.queue import AdminPublisher, AsyncPublisher, Keys, ensure_fleet, read_admin_range
 from shared.storage import open_store
+from tests._support.fleet import fleet_settings
+from tests._support.fleet_checks import admin_events, clean_audit, committed, no_staging_left, no_wal_left
+from tests._support.fleet_jobs import corrupted_job, failed_job, good_job
 from tests._support.wait import wait_for
 from workers import Worker
 
-from ._helpers import (
-    admin_events,
-    clean_audit,
-    committed,
-    corrupted_job,
-    failed_job,
-    fleet_settings,
-    good_job,
-    no_staging_left,
-    no_wal_left,
-)
 from .conftest import Fleet
 
 DATASETS = ["ds-a", "ds-b", "ds-c"]

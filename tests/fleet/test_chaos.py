@@ -12,17 +12,11 @@ from typing import Any
 import pytest
 
 from shared.commit import audit
+from tests._support.fleet_checks import assert_committed_once, committed, no_staging_left, no_wal_left
+from tests._support.fleet_jobs import failed_job, good_job
 from tests._support.redis_server import RedisServer
 from tests._support.wait import wait_for
 
-from ._helpers import (
-    assert_committed_once,
-    committed,
-    failed_job,
-    good_job,
-    no_staging_left,
-    no_wal_left,
-)
 from .conftest import Fleet
 
 

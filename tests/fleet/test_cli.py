@@ -41,19 +41,11 @@ from shared.events import (
     wal_key,
 )
 from shared.queue import Keys
+from tests._support.fleet_checks import admin_events, clean_audit, committed, no_staging_left
+from tests._support.fleet_jobs import corrupted_job, failed_job, good_job, stage_task
 from tests._support.ports import free_port
 from tests._support.wait import wait_for
 
-from ._helpers import (
-    admin_events,
-    clean_audit,
-    committed,
-    corrupted_job,
-    failed_job,
-    good_job,
-    no_staging_left,
-    stage_task,
-)
 from .conftest import Fleet
 
 CLI_TIMEOUT = 60.0

@@ -16,10 +16,11 @@ import pytest
 from playwright.async_api import ConsoleMessage, Error, async_playwright
 
 from shared.commit import read_manifest
+from tests._support.fleet_checks import committed
+from tests._support.fleet_jobs import corrupted_job, good_job
 from tests._support.ports import free_port
 from tests._support.wait import wait_for
 
-from ._helpers import committed, corrupted_job, good_job
 from .conftest import Fleet
 
 pytestmark = pytest.mark.browser

@@ -30,10 +30,11 @@ from shared.events import (
 )
 from shared.queue import AsyncPublisher, ensure_fleet
 from shared.storage import ObjectStore, open_store
+from tests._support.fleet import fleet_settings
+from tests._support.fleet_checks import admin_events, committed, nothing_under
+from tests._support.fleet_jobs import good_job, stage_task
 from tests._support.wait import wait_for
 from workers import Worker
-
-from ._helpers import admin_events, committed, fleet_settings, good_job, nothing_under, stage_task
 
 
 def _outside(tmp_path: Path) -> tuple[Path, dict[str, bytes]]:

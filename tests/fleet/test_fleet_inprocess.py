@@ -25,20 +25,11 @@ from shared.events import (
 )
 from shared.queue import AsyncPublisher, Keys, ensure_fleet, shard_of
 from shared.storage import open_store
+from tests._support.fleet import fleet_settings
+from tests._support.fleet_checks import admin_events, clean_audit, committed, no_staging_left, no_wal_left
+from tests._support.fleet_jobs import failed_job, good_job, stage_task
 from tests._support.wait import wait_for
 from workers import Worker
-
-from ._helpers import (
-    admin_events,
-    clean_audit,
-    committed,
-    failed_job,
-    fleet_settings,
-    good_job,
-    no_staging_left,
-    no_wal_left,
-    stage_task,
-)
 
 
 async def test_inprocess_fleet_commits_and_aborts(

@@ -26,19 +26,17 @@ from shared.events import (
     WorkerJoined,
 )
 from shared.queue import shard_of
-from tests._support.wait import wait_for
-
-from ._helpers import (
+from tests._support.fleet_checks import (
     admin_events,
     assert_committed_once,
     committed,
-    failed_job,
-    good_job,
     no_staging_left,
     no_wal_left,
-    stage_task,
 )
-from ._helpers import commit_counts as committed_counts
+from tests._support.fleet_checks import commit_counts as committed_counts
+from tests._support.fleet_jobs import failed_job, good_job, stage_task
+from tests._support.wait import wait_for
+
 from .conftest import Fleet
 
 

@@ -23,10 +23,11 @@ from shared import RetryPolicy
 from shared._settings import RedisSettings
 from shared.events import Aborted, Committed, WorkerJoined
 from shared.queue import AsyncPublisher, Keys, connect, shard_of
+from tests._support.fleet_checks import admin_events, committed, no_staging_left
+from tests._support.fleet_jobs import failed_job, good_job
 from tests._support.redis_cluster import LocalRedisCluster
 from tests._support.wait import wait_for
 
-from ._helpers import admin_events, committed, failed_job, good_job, no_staging_left
 from .conftest import Fleet
 from .test_fleet_processes import assert_exactly_once, cancelled_job, report
 from .test_fleet_processes import (

@@ -20,9 +20,10 @@ from shared.events import (
     sign_v2,
 )
 from shared.queue import read_dead_letters, shard_of
+from tests._support.fleet_checks import admin_events, committed, no_staging_left
+from tests._support.fleet_jobs import good_job
 from tests._support.wait import wait_for
 
-from ._helpers import admin_events, committed, good_job, no_staging_left
 from .conftest import Fleet
 
 SECRET = "s3cret-for-tests"

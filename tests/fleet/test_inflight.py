@@ -25,19 +25,12 @@ from shared.commit import CommitRequest, WinningAttempt, encode_sequence, plan_c
 from shared.events import Committed, JobFailed, JobStarted, wal_key
 from shared.queue import AsyncPublisher, Keys, ensure_fleet, shard_of
 from shared.storage import open_store
+from tests._support.checkpoints import pause_first_at
+from tests._support.fleet import fleet_settings
+from tests._support.fleet_checks import admin_events, clean_audit, committed, no_wal_left
+from tests._support.fleet_jobs import good_job, stage_task
 from tests._support.wait import wait_for
 from workers import Worker, read_in_flight
-
-from ._helpers import (
-    admin_events,
-    clean_audit,
-    committed,
-    fleet_settings,
-    good_job,
-    no_wal_left,
-    pause_first_at,
-    stage_task,
-)
 
 LOCK = {"validity": 1.2, "renew_interval": 0.3, "max_drift": 0.1, "poll_min": 0.02, "poll_max": 0.2}
 

@@ -25,10 +25,11 @@ import pytest
 from shared.commit import audit
 from shared.events import Committed
 from tests._support.emulators import Emulator
+from tests._support.fleet_checks import admin_events, committed, no_staging_left, no_wal_left
+from tests._support.fleet_jobs import failed_job, good_job
 from tests._support.wait import wait_for
 from workers import read_in_flight
 
-from ._helpers import admin_events, committed, failed_job, good_job, no_staging_left, no_wal_left
 from .conftest import Fleet
 
 VALIDITY = 3.0

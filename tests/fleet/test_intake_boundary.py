@@ -20,10 +20,10 @@ from shared.events import (
     sign,
 )
 from shared.queue import DEFAULT_GROUP, ShardConsumer, shard_of
+from tests._support.fleet import InProcessFleet, inprocess_fleet
+from tests._support.fleet_checks import admin_events, committed
+from tests._support.fleet_jobs import good_job, stage_task
 from tests._support.wait import wait_for
-
-from ._helpers import admin_events, committed, good_job, stage_task
-from ._intake_fleet import InProcessFleet, inprocess_fleet
 
 SECRET = "intake-secret"
 

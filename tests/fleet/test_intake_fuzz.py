@@ -22,11 +22,11 @@ import redis.asyncio
 
 from shared.events import InvalidMessage, MessageRejected, ValidationLimits, decode_entry
 from shared.queue import DEFAULT_GROUP, id_key, shard_of
+from tests._support.fleet import InProcessFleet, inprocess_fleet
+from tests._support.fleet_checks import admin_events, committed
+from tests._support.fleet_jobs import good_job
 from tests._support.intake_mutations import hostile_entry
 from tests._support.wait import wait_for
-
-from ._helpers import admin_events, committed, good_job
-from ._intake_fleet import InProcessFleet, inprocess_fleet
 
 SHARD = 6
 SECRET = "fuzz-secret"

@@ -21,13 +21,12 @@ import redis.asyncio
 from shared import TransientError
 from shared.events import JobStarted, StagedFile, TaskFinished
 from shared.queue import DEFAULT_GROUP, AsyncPublisher, ensure_fleet
+from tests._support.fleet import InProcessFleet, inprocess_fleet
 from tests._support.wait import wait_for
 from workers import _intake
 from workers._intake import IntakeMixin
 from workers._shard import ShardRunner
 from workers._state_store import Batch
-
-from ._intake_fleet import InProcessFleet, inprocess_fleet
 
 
 async def _true(condition: bool) -> bool:

@@ -11,10 +11,10 @@ import redis.asyncio
 from coordinator._status import fleet_status
 from shared.events import ShardSetAside
 from shared.queue import DEFAULT_GROUP, shard_of
+from tests._support.fleet import InProcessFleet, inprocess_fleet
+from tests._support.fleet_checks import admin_events, committed
+from tests._support.fleet_jobs import good_job
 from tests._support.wait import wait_for
-
-from ._helpers import admin_events, committed, good_job
-from ._intake_fleet import InProcessFleet, inprocess_fleet
 
 SHARDS = 8
 BAD = 4

@@ -25,11 +25,12 @@ from shared.events import WorkerLeft
 from shared.fleet import FleetRegistry, ProcessCrashed
 from shared.queue import AsyncPublisher, Keys, shard_of
 from shared.storage import ObjectStore, open_store
+from tests._support.fleet import fleet_settings
+from tests._support.fleet_checks import admin_events, committed
+from tests._support.fleet_jobs import good_job
 from tests._support.wait import wait_for
 from workers import Worker
 from workers._shard import ShardRunner
-
-from ._helpers import admin_events, committed, fleet_settings, good_job
 
 SHARDS = 4
 

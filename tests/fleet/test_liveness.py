@@ -40,11 +40,12 @@ from shared.queue import AsyncPublisher, JobOutcome, Keys, ensure_fleet, shard_o
 from shared.spark import JobNotCommitted, ProducerConfig
 from shared.spark._outcome import Heartbeat, OutcomeTimeout, wait_for_outcome
 from shared.storage import ObjectStore, open_store
+from tests._support.fleet import fleet_settings
+from tests._support.fleet_checks import admin_events
+from tests._support.fleet_jobs import stage_task
 from tests._support.redis_server import RedisServer
 from tests._support.wait import wait_for
 from workers import Worker
-
-from ._helpers import admin_events, fleet_settings, stage_task
 
 SHARDS = 8
 

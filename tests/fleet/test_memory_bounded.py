@@ -19,10 +19,10 @@ from coordinator import Coordinator
 from shared.events import Committed
 from shared.queue import AdminPublisher, AsyncPublisher, Keys, as_text, ensure_fleet
 from shared.storage import open_store
+from tests._support.fleet import fleet_settings
+from tests._support.fleet_jobs import good_job
 from tests._support.wait import wait_for
 from workers import Worker
-
-from ._helpers import fleet_settings, good_job
 
 DATASETS = 1000
 PER_JOB = 250

@@ -32,9 +32,11 @@ from shared.queue import AsyncPublisher, ensure_fleet, shard_of
 from shared.spark import JobNotCommitted
 from shared.spark._job import JobContext
 from shared.spark._outcome import wait_for_outcome
+from tests._support.fleet import fleet_settings
+from tests._support.fleet_checks import admin_events
+from tests._support.fleet_jobs import corrupted_job, good_job, stage_task
 from tests._support.wait import wait_for
 
-from ._helpers import admin_events, corrupted_job, fleet_settings, good_job, stage_task
 from .test_liveness import SHARDS, producer, running_fleet, same_shard
 
 

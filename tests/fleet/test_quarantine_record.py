@@ -11,9 +11,9 @@ from typing import Any
 
 from coordinator._status import fleet_status
 from shared.queue import as_text, shard_of
+from tests._support.fleet_jobs import corrupted_job
 from tests._support.wait import wait_for
 
-from ._helpers import corrupted_job
 from .conftest import Fleet
 from .test_cli import cli
 

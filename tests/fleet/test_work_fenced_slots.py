@@ -22,10 +22,11 @@ from coordinator import Coordinator
 from shared.fleet import FleetRegistry
 from shared.queue import AsyncPublisher, Keys, ensure_fleet
 from shared.storage import open_store
+from tests._support.fleet import fleet_settings
+from tests._support.fleet_checks import committed
+from tests._support.fleet_jobs import good_job
 from tests._support.wait import wait_for
 from workers import Worker
-
-from ._helpers import committed, fleet_settings, good_job
 
 SLOTS = 2
 

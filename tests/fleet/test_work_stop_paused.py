@@ -21,10 +21,10 @@ import workers._actions as actions
 from coordinator import Coordinator
 from shared.queue import AsyncPublisher, Keys, ensure_fleet
 from shared.storage import open_store
+from tests._support.fleet import fleet_settings
+from tests._support.fleet_jobs import good_job
 from tests._support.wait import wait_for
 from workers import Worker
-
-from ._helpers import fleet_settings, good_job
 
 GRACE = 2.0
 

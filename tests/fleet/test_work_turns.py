@@ -22,18 +22,12 @@ from coordinator import Coordinator
 from shared.events import Aborted, Committed
 from shared.queue import AsyncPublisher, ensure_fleet
 from shared.storage import open_store
+from tests._support.checkpoints import pause_first_at
+from tests._support.fleet import fleet_settings
+from tests._support.fleet_checks import admin_events, clean_audit, committed
+from tests._support.fleet_jobs import failed_job, good_job
 from tests._support.wait import wait_for
 from workers import Worker
-
-from ._helpers import (
-    admin_events,
-    clean_audit,
-    committed,
-    failed_job,
-    fleet_settings,
-    good_job,
-    pause_first_at,
-)
 
 BIG = 40  # datasets of the failed job
 SLOTS = 2

@@ -9,13 +9,8 @@ import msgspec
 from shared.commit import Manifest, ManifestFile, audit, commit_dataset, encode_sequence, plan_commit
 from shared.events import manifest_key, wal_key, watermarks_key
 from shared.storage import ObjectStore
-from tests.integration.test_commit_support import (
-    FaultStore,
-    ManualLease,
-    expect_crash,
-    fast_settings,
-    stage_job,
-)
+from tests._support.commit import ManualLease, fast_settings, stage_job
+from tests._support.fault_store import FaultStore, expect_crash
 
 SETTINGS = fast_settings()
 

@@ -13,8 +13,8 @@ import pytest
 from shared.commit import CommitRequest, StagedFile, WinningAttempt, commit_dataset
 from shared.events import staged_key
 from shared.storage import ObjectStore
+from tests._support.commit import ManualLease, fast_settings, keys
 from tests._support.emulators import StoreTarget
-from tests.integration.test_commit_support import ManualLease, fast_settings, keys
 
 FILES = 500
 LOSERS = 20

@@ -10,12 +10,8 @@ from shared._settings import LockSettings
 from shared.commit import commit_dataset, read_manifest
 from shared.locks import StorageLock
 from shared.storage import ObjectStore
-from tests.integration.test_commit_support import (
-    FaultStore,
-    assert_exactly_once,
-    fast_settings,
-    stage_job,
-)
+from tests._support.commit import assert_exactly_once, fast_settings, stage_job
+from tests._support.fault_store import FaultStore
 
 SETTINGS = fast_settings()
 # Short leases so a takeover happens within about a second.

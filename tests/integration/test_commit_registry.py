@@ -21,16 +21,9 @@ from shared.commit import (
 )
 from shared.events import manifest_key
 from shared.storage import ObjectStore
+from tests._support.commit import ManualLease, assert_exactly_once, fast_settings, keys, stage_job
 from tests._support.emulators import StoreTarget
-from tests.integration.test_commit_support import (
-    FaultStore,
-    ManualLease,
-    assert_exactly_once,
-    expect_crash,
-    fast_settings,
-    keys,
-    stage_job,
-)
+from tests._support.fault_store import FaultStore, expect_crash
 
 SETTINGS = fast_settings()
 

@@ -27,7 +27,7 @@ from shared.events import lock_name, staged_key
 from shared.locks import StorageLock
 from shared.storage._counting import CountingStore
 from shared.storage._local import LocalStore
-from tests.integration.test_commit_support import ManualLease, fast_settings, keys
+from tests._support.commit import ManualLease, fast_settings, keys
 
 
 async def _stage(store: LocalStore, dataset: str, job: str, files: int) -> CommitRequest:

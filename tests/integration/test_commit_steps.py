@@ -23,7 +23,7 @@ from shared.commit import (
 )
 from shared.events import manifest_key, watermarks_key
 from shared.storage import ObjectStore
-from tests.integration.test_commit_support import ManualLease, fast_settings, keys
+from tests._support.commit import ManualLease, fast_settings, keys
 
 
 def _ctx(store: ObjectStore) -> StepContext:

@@ -28,17 +28,10 @@ from shared.commit import (
 from shared.events import staged_key
 from shared.storage import ObjectInfo, ObjectStore
 from shared.storage._local import LocalStore
+from tests._support.commit import ManualLease, StagedJob, assert_exactly_once, fast_settings, keys, stage_job
 from tests._support.emulators import MakeTarget, StoreTarget
+from tests._support.fault_store import FaultStore
 from tests.conformance.test_checksum import upload_without_md5
-from tests.integration.test_commit_support import (
-    FaultStore,
-    ManualLease,
-    StagedJob,
-    assert_exactly_once,
-    fast_settings,
-    keys,
-    stage_job,
-)
 
 SETTINGS = fast_settings()
 

@@ -22,21 +22,10 @@ from shared.commit import _catalog as catalog_step
 from shared.commit import abort_dataset, audit, commit_dataset, list_unfinished, recover_dataset
 from shared.events import TableBinding, published_key, staged_key
 from shared.storage import ObjectStore
+from tests._support.commit import ManualLease, assert_exactly_once
 from tests._support.emulators import MakeTarget, StoreTarget
-from tests.integration.tables_support import (
-    job_snapshots,
-    sorted_rows,
-    stage_parquet_job,
-    table_rows,
-    table_settings,
-)
-from tests.integration.test_commit_support import (
-    FaultStore,
-    ManualLease,
-    SimulatedCrash,
-    assert_exactly_once,
-    expect_crash,
-)
+from tests._support.fault_store import FaultStore, SimulatedCrash, expect_crash
+from tests._support.tables import job_snapshots, sorted_rows, stage_parquet_job, table_rows, table_settings
 
 TABLE = "lake.orders"
 
