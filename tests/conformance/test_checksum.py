@@ -9,13 +9,13 @@ and copies, none for a blob committed from a block list; the local store compute
 from __future__ import annotations
 
 import hashlib
-from typing import Any, cast
 
 import pytest
 
 from shared._errors import NotFound, PreconditionFailed
 from shared.storage import ObjectStore
 from tests._support.emulators import MakeTarget, StoreTarget
+from tests._support.uploads import upload_without_md5
 
 
 def md5(data: bytes) -> str:
@@ -47,34 +47,6 @@ async def test_head_md5_of_a_large_object(any_store: ObjectStore, store_target: 
     head = await any_store.head("big/x")
     # head gives the stored MD5 only; the local store computes none there.
     assert head.checksum == (None if store_target.backend == "local" else md5(data))
-
-
-async def upload_without_md5(store: ObjectStore, backend: str, key: str, data: bytes) -> None:
-    """Write ``key`` the way big files reach the store, leaving it with no MD5 the store keeps.
-
-    S3: a multipart upload (one part; any size is allowed for the last part). Azure: a block
-    list (what the SDK and Hadoop's connector do for large blobs). Uses the adapters' clients.
-    """
-    s: Any = cast(Any, store)
-    full = s._full(key)
-    if backend == "s3":
-        client = await s._s3()
-        up = await client.create_multipart_upload(Bucket=s._bucket, Key=full)
-        part = await client.upload_part(
-            Bucket=s._bucket, Key=full, UploadId=up["UploadId"], PartNumber=1, Body=data
-        )
-        await client.complete_multipart_upload(
-            Bucket=s._bucket,
-            Key=full,
-            UploadId=up["UploadId"],
-            MultipartUpload={"Parts": [{"ETag": part["ETag"], "PartNumber": 1}]},
-        )
-    elif backend == "azure":
-        blob = s._cc().get_blob_client(full)
-        await blob.stage_block("YmxvY2stMDAwMQ==", data)
-        await blob.commit_block_list(["YmxvY2stMDAwMQ=="])
-    else:
-        raise AssertionError(f"{backend} keeps an MD5 of every object")
 
 
 @pytest.mark.parametrize("backend", ["s3", "azure"])

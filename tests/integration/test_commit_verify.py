@@ -31,7 +31,7 @@ from shared.storage._local import LocalStore
 from tests._support.commit import ManualLease, StagedJob, assert_exactly_once, fast_settings, keys, stage_job
 from tests._support.emulators import MakeTarget, StoreTarget
 from tests._support.fault_store import FaultStore
-from tests.conformance.test_checksum import upload_without_md5
+from tests._support.uploads import upload_without_md5
 
 SETTINGS = fast_settings()
 

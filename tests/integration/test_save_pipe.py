@@ -9,13 +9,10 @@ import redis.asyncio
 
 from shared import Fenced
 from shared.queue import DEFAULT_GROUP, Keys, ShardConsumer
+from tests._support.shard_state import SHARD, owned_backlog
 from workers._jobstate import ShardJobs, attempt_field
 from workers._save_pipe import send_save
 from workers._state_store import Batch
-
-from .test_state_store_save import owned_backlog
-
-SHARD = 3
 
 
 async def test_a_save_sent_ahead_writes_acknowledges_and_reads_behind_it(

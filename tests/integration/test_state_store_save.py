@@ -3,69 +3,14 @@ with the next batch read behind it in the same round trip."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import pytest
 import redis.asyncio
 
 from shared import Fenced
-from shared.events import StagedFile
-from shared.queue import DEFAULT_GROUP, DatasetResult, Keys, ShardConsumer
-from workers._jobstate import Attempt, Ended, ShardJobs, attempt_field
-from workers._jobstate import JobMeta as Meta
+from shared.queue import DEFAULT_GROUP, Keys, ShardConsumer
+from tests._support.shard_state import SHARD, owned_backlog, pending_entries, state_and_batch
+from workers._jobstate import ShardJobs, attempt_field
 from workers._state_store import Batch, ShardStateStore
-
-SHARD = 3
-
-
-async def _pending_entries(r: redis.asyncio.Redis, keys: Keys, n: int) -> list[bytes]:
-    consumer = ShardConsumer(r, keys, SHARD, consumer="w1")
-    await consumer.ensure_group()
-    for i in range(n):
-        await r.xadd(keys.events(SHARD), {"data": f"e{i}"})
-    return [e.id for e in await consumer.read(n, 10)]
-
-
-def _state_and_batch(ids: list[bytes], attempts: int) -> tuple[ShardJobs, Batch]:
-    state = ShardJobs()
-    state.jobs["j1"] = Meta(job="j1", opened_at=1.0, deadline=2.0, datasets={})
-    state.jobs["j2"] = Meta(job="j2", opened_at=1.0, deadline=2.0, datasets={})
-    state.ended["j0"] = Ended(status="committed", at=3.0)
-    batch = Batch(jobs={"j1", "j2", "gone"}, ended={"j0"}, ack=list(ids))
-    for t in range(attempts):
-        rec = Attempt(task=t, attempt=0, files=[StagedFile(path=f"p-{t}", size=t)], seq=t + 1)
-        batch.attempts[("j1", "ds", t, 0)] = rec
-    batch.results[("j0", "ds")] = DatasetResult(status="committed", files=1)
-    batch.results[("j0", "other")] = DatasetResult(status="aborted", reason="failed")
-    return state, batch
-
-
-class Backlog(NamedTuple):
-    """A shard's store for consumer w1, a batch of pending entries to save, and newer entries."""
-
-    store: ShardStateStore
-    state: ShardJobs
-    batch: Batch
-    ids: list[bytes]
-    later: list[bytes]
-
-
-async def owned_backlog(
-    r: redis.asyncio.Redis,
-    keys: Keys,
-    *,
-    owner: bytes = b"w1@1",
-    pending: int = 2,
-    later: int = 0,
-    attempts: int = 1,
-) -> Backlog:
-    """Return w1's store with ``pending`` entries read (batched with ``attempts`` attempt records)
-    and ``later`` entries added after them; the shard is owned by ``owner``."""
-    await r.set(keys.shard_state(SHARD, "owner"), owner)
-    ids = await _pending_entries(r, keys, pending)
-    newer = [await r.xadd(keys.events(SHARD), {"data": f"n{i}"}) for i in range(later)]
-    state, batch = _state_and_batch(ids, attempts=attempts)
-    return Backlog(ShardStateStore(r, keys, SHARD, b"w1@1", consumer="w1"), state, batch, ids, newer)
 
 
 async def test_the_owner_writes_everything_and_acknowledges_in_one_save(
@@ -75,9 +20,9 @@ async def test_the_owner_writes_everything_and_acknowledges_in_one_save(
     await redis_client.set(keys.shard_state(SHARD, "owner"), b"w1@1")
     await redis_client.hset(keys.shard_state(SHARD, "jobs"), "j0", b"{}")  # ended: dropped from open jobs
     await redis_client.hset(keys.shard_state(SHARD, "attempts"), "old/ds/0/0", b"{}")
-    ids = await _pending_entries(redis_client, keys, 7)
+    ids = await pending_entries(redis_client, keys, 7)
     # More attempts than one Lua unpack() call takes: the script writes them in chunks.
-    state, batch = _state_and_batch(ids, attempts=1500)
+    state, batch = state_and_batch(ids, attempts=1500)
     batch.drop_attempts.append("old/ds/0/0")
     store = ShardStateStore(redis_client, keys, SHARD, b"w1@1")
 
@@ -103,8 +48,8 @@ async def test_a_stale_owner_writes_nothing_and_acknowledges_nothing(
     keys = Keys(fleet_name)
     if owner is not None:
         await redis_client.set(keys.shard_state(SHARD, "owner"), owner)
-    ids = await _pending_entries(redis_client, keys, 5)
-    state, batch = _state_and_batch(ids, attempts=3)
+    ids = await pending_entries(redis_client, keys, 5)
+    state, batch = state_and_batch(ids, attempts=3)
     store = ShardStateStore(redis_client, keys, SHARD, b"w1@1")
     before = sorted(k for k in await redis_client.keys(f"*{fleet_name}*"))
 
@@ -160,8 +105,8 @@ async def test_a_failed_read_ahead_does_not_fail_the_save(
 ) -> None:
     keys = Keys(fleet_name)
     await redis_client.set(keys.shard_state(SHARD, "owner"), b"w1@1")
-    ids = await _pending_entries(redis_client, keys, 2)
-    state, batch = _state_and_batch(ids, attempts=1)
+    ids = await pending_entries(redis_client, keys, 2)
+    state, batch = state_and_batch(ids, attempts=1)
     # The group is gone (deleted by hand, say): the writes stand, the read finds nothing.
     await redis_client.xgroup_destroy(keys.events(SHARD), DEFAULT_GROUP)
     store = ShardStateStore(redis_client, keys, SHARD, b"w1@1", consumer="w1")

@@ -18,7 +18,6 @@ from shared.events import (
     REJECT_REASONS,
     DatasetExpectation,
     InvalidMessage,
-    JobCancelled,
     JobFailed,
     JobFinished,
     JobStarted,
@@ -33,49 +32,11 @@ from shared.events import (
     entry_fields,
     sign,
 )
+from tests._support.event_examples import EXAMPLES, raw, task_finished
 
 LIMITS = ValidationLimits()
 SECRET = b"s3cret"
 SIGNED = ValidationLimits(secret=SECRET)
-
-
-def task_finished(**overrides: Any) -> TaskFinished:
-    fields: dict[str, Any] = {
-        "job": "job-2024.01.01_a",
-        "dataset": "sales",
-        "task": 7,
-        "attempt": 1,
-        "files": [
-            StagedFile(path="date=2024-01-01/part-00007-1b2c.snappy.parquet", size=123456, md5="a" * 32),
-            StagedFile(path="date=2024-01-02/part-00007-1b2c.snappy.parquet", size=0),
-        ],
-        "watermarks": {"kafka:orders:0": 1234567, "kafka:orders:1": 99},
-        "finished_at": 1717171717.25,
-    }
-    fields.update(overrides)
-    return TaskFinished(**fields)
-
-
-EXAMPLES: list[QueueEvent] = [
-    JobStarted(job="j1", datasets=["sales", "refunds"], timeout_s=3600, started_at=1717171700.5, app="etl"),
-    task_finished(),
-    task_finished(files=[], watermarks={}),
-    JobFinished(
-        job="j1",
-        datasets={
-            "sales": DatasetExpectation(tasks=3, winners=[0, 2, 0]),
-            "refunds": DatasetExpectation(tasks=0),
-        },
-        finished_at=1717171800.0,
-    ),
-    JobFailed(job="j1", datasets=["sales"], reason="stage 3 failed: OOM", failed_at=1717171800.0),
-    JobCancelled(job="j1", datasets=["sales", "refunds"], reason="user", cancelled_at=1.0),
-]
-
-
-def raw(ev: QueueEvent) -> dict[str, Any]:
-    out: dict[str, Any] = json.loads(encode_event(ev))
-    return out
 
 
 def reject(

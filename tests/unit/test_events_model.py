@@ -11,10 +11,7 @@ from shared import BadInput
 from shared.events import (
     ADMIN_EVENT_TYPES,
     QUEUE_EVENT_TYPES,
-    Aborted,
     AdminEvent,
-    CommitStarted,
-    Committed,
     DatasetExpectation,
     InvalidMessage,
     JobCancelled,
@@ -22,16 +19,8 @@ from shared.events import (
     JobFinished,
     JobStarted,
     JobTimedOut,
-    LockTakenOver,
-    MessageRejected,
-    OperatorAction,
-    Quarantined,
-    RecoveryDone,
-    ShardsAssigned,
-    ShardSetAside,
     StagedFile,
     TaskFinished,
-    WorkerJoined,
     WorkerLeft,
     decode_admin,
     encode_admin,
@@ -39,6 +28,7 @@ from shared.events import (
     event_type,
     restrict_to,
 )
+from tests._support.event_examples import ADMIN_EXAMPLES
 
 STARTED = JobStarted(job="j1", datasets=["a", "b", "c"], timeout_s=60, started_at=1.0)
 FINISHED = JobFinished(
@@ -103,22 +93,6 @@ def test_event_type_and_registry() -> None:
 
 
 # -- admin events ----------------------------------------------------------------------------------
-
-ADMIN_EXAMPLES: list[AdminEvent] = [
-    WorkerJoined(at=1.0, worker="w1", host="h", pid=42),
-    WorkerLeft(at=1.0, worker="w1", reason="shutdown"),
-    ShardsAssigned(at=1.0, worker="coord-1", epoch=7, assignment={"w1": [0, 2], "w2": [1]}, moved=1),
-    CommitStarted(at=1.0, worker="w1", dataset="sales", job="j1", files=3, bytes=300, epoch=4),
-    Committed(at=1.0, worker="w1", dataset="sales", job="j1", files=3, bytes=300, duration_s=0.25, epoch=4),
-    Aborted(at=1.0, worker="w1", dataset="sales", job="j1", reason="job_failed", files_deleted=5),
-    Quarantined(at=1.0, worker="w1", dataset="sales", job="j1", reason="copy kept failing", attempts=8),
-    LockTakenOver(at=1.0, worker="w2", dataset="sales", previous_owner="w1", epoch=5),
-    RecoveryDone(at=1.0, worker="w2", dataset="sales", job="j1", steps_redone=2, duration_s=0.1),
-    MessageRejected(at=1.0, worker="w1", shard=3, reason="unsafe_path", detail="..", stream_id="1-0"),
-    JobTimedOut(at=1.0, worker="w1", job="j1", datasets=["sales"], timeout_s=60, shard=33),
-    OperatorAction(at=1.0, dataset="sales", job="j1", action="skip", operator="alice"),
-    ShardSetAside(at=1.0, worker="w1", shard=5, key="cf:prod:{s5}:state:jobs", field="j1", reason="v2"),
-]
 
 
 def test_every_admin_type_has_an_example() -> None:

@@ -22,9 +22,7 @@ from shared.events import (
     queue_event_schema,
 )
 from shared.events._schema import ADMIN_SCHEMA_FILE, QUEUE_SCHEMA_FILE, render_schema
-
-from .test_events_codec import EXAMPLES, raw, task_finished
-from .test_events_model import ADMIN_EXAMPLES
+from tests._support.event_examples import ADMIN_EXAMPLES, EXAMPLES, raw, task_finished
 
 ROOT = Path(__file__).resolve().parents[2]
 
