@@ -22,9 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from tests._support.demo_processes import JVM_GRACE, MARKER_VAR, is_fleet_or_redis, kill_all, marked_processes
 from tests._support.wait import wait_for_sync
-
-from .test_demo import JVM_GRACE, MARKER_VAR, is_fleet_or_redis, kill_all, marked_processes
 
 UP_DEADLINE = 120.0
 

@@ -13,11 +13,9 @@ it exited (there must be none left).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import secrets
-import signal
 import socket
 import subprocess
 import sys
@@ -26,43 +24,10 @@ from pathlib import Path
 
 import pytest
 
+from tests._support.demo_processes import JVM_GRACE, MARKER_VAR, is_fleet_or_redis, kill_all, marked_processes
 from tests._support.wait import wait_for_sync
 
 DEMO_DEADLINE = 300.0
-MARKER_VAR = "CF_E2E_DEMO_MARKER"  # not COMMITFLEET_*: the fleet processes must inherit it
-# After the demo exits its fleet processes and redis-server must already be gone (it
-# waits for them); the Spark JVM notices its parent's exit on its own, within seconds.
-JVM_GRACE = 20.0
-
-
-def marked_processes(marker: str, path: Path) -> dict[int, str]:
-    """Return pid -> command line of every live process of the demo.
-
-    A process is the demo's when its environment carries ``marker``, its
-    command line names ``path``, or its working folder is inside ``path``
-    (redis-server overwrites its environment and command line with its
-    process title, but runs in the ``--dir`` it was given: the demo's work
-    folder). Zombies are not counted (they no longer run), nor processes we
-    may not read.
-    """
-    needle = f"{MARKER_VAR}={marker}".encode()
-    named = str(path)
-    found: dict[int, str] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            env = (entry / "environ").read_bytes()
-            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-            cwd = os.readlink(entry / "cwd")
-        except OSError:  # exited meanwhile, or another user's
-            continue
-        if stat.rpartition(")")[2].split()[0] == "Z":
-            continue
-        if needle in env.split(b"\0") or named in cmd or cwd.startswith(named):
-            found[int(entry.name)] = cmd
-    return found
 
 
 def redis_answers(port: int) -> bool:
@@ -73,17 +38,6 @@ def redis_answers(port: int) -> bool:
             return c.recv(16).startswith(b"+PONG")
     except OSError:
         return False
-
-
-def kill_all(procs: dict[int, str]) -> None:
-    """SIGKILL the given processes (all descendants of the demo this test started), by pid."""
-    for pid in procs:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-
-
-def is_fleet_or_redis(cmdline: str) -> bool:
-    return "redis-server" in cmdline or "-m coordinator" in cmdline
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="finds the demo's processes through /proc")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 import redis.asyncio
@@ -18,17 +19,23 @@ from coordinator._procs import FleetProcess, fleet_processes, write_config
 from shared._settings import RedisSettings
 from shared.queue import connect, connect_sync, ensure_fleet_sync
 from shared.spark import ProducerConfig
+from shared.storage import ObjectStore
 from tests._support.fleet import fleet_settings
 from tests._support.redis_cluster import LocalRedisCluster
-
-from .test_spark_fleet import SECRET, SHARDS, WORKERS, E2EFleet, fleet, spark, store
-from .test_spark_fleet import (
-    test_three_datasets_commit_exactly_once_with_a_retried_winner_and_watermarks as test_spark_job_on_cluster,
+from tests._support.spark import spark_session_fixture
+from tests._support.spark_fleet import (  # noqa: F401 - the store and fleet fixtures
+    SECRET,
+    SHARDS,
+    WORKERS,
+    E2EFleet,
+    e2e_store,
+    settled_fleet,
+    three_datasets_commit_exactly_once,
 )
 
 pytestmark = [pytest.mark.spark, pytest.mark.redis_cluster]
 
-__all__ = ["fleet", "spark", "store", "test_spark_job_on_cluster"]
+spark = spark_session_fixture("test-e2e-spark-fleet", master="local[2,2]")
 
 
 @pytest.fixture(scope="module")
@@ -68,3 +75,10 @@ async def r(e2e: E2EFleet) -> AsyncIterator[redis.asyncio.Redis]:
         yield client
     finally:
         await client.aclose()
+
+
+async def test_spark_job_on_cluster(
+    spark: Any, fleet: E2EFleet, r: redis.asyncio.Redis, store: ObjectStore
+) -> None:
+    """test_spark_fleet.py's exactly-once job, through the cluster."""
+    await three_datasets_commit_exactly_once(spark, fleet, r, store)
