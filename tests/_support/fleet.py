@@ -87,23 +87,19 @@ class InProcessFleet:
 
 @asynccontextmanager
 async def inprocess_fleet(
-    redis_url: str,
     redis_client: redis.asyncio.Redis,
-    fleet_name: str,
-    root: Path,
+    settings: Settings,
     *,
     workers: Sequence[str] = ("w1",),
-    settings: Settings | None = None,
     ensure: bool = True,
     workers_may_fail: bool = False,
-    **overrides: Any,
 ) -> AsyncIterator[InProcessFleet]:
     """Run a coordinator ``c1`` and one worker per id of ``workers`` in this process until the block ends.
 
-    ``settings`` (made by :func:`fleet_settings` when omitted, from ``root``,
-    ``shards=`` and the other ``overrides``) are every process's; the store
-    handle is opened from them. ``ensure``: create the fleet's streams and
-    groups before anything starts (as ``commitfleet init`` does).
+    ``settings`` (see :func:`fleet_settings`) are every process's; the store
+    handle is opened from them, the publisher signs with their secret and
+    ``redis_client`` is the test's own client. ``ensure``: create the fleet's
+    streams and groups before anything starts (as ``commitfleet init`` does).
 
     At the block's end every process is asked to stop and is waited for. By
     default they run in a task group: one that raises fails the test at once,
@@ -112,10 +108,7 @@ async def inprocess_fleet(
     fail on purpose and look at ``worker_task`` themselves; the coordinator must
     still end cleanly (asserted) within 60 s.
     """
-    if settings is None:
-        settings = fleet_settings(redis_url, root, fleet_name, **overrides)
-    elif overrides:
-        raise TypeError("give either settings or overrides, not both")
+    fleet_name = settings.fleet.name
     shards = settings.fleet.shards
     if ensure:
         await ensure_fleet(redis_client, fleet_name, shards)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -12,56 +11,13 @@ import msgspec
 import pytest
 import redis.asyncio
 
-from coordinator._procs import FleetProcess, fleet_processes, write_config
-from shared import Settings
+from coordinator._procs import fleet_processes, write_config
 from shared._secret import secret_enc_hook
-from shared.fleet import FleetRegistry
-from shared.queue import AsyncPublisher, Keys, ensure_fleet
-from shared.storage import ObjectStore, open_store
+from shared.queue import AsyncPublisher, ensure_fleet
+from shared.storage import open_store
 from tests._support.emulators import MakeTarget
 from tests._support.fleet import fleet_settings
-
-
-@dataclass
-class Fleet:
-    """Handles on a test fleet: its settings, store, Redis, and process starter."""
-
-    settings: Settings
-    config: Path
-    log_dir: Path
-    store: ObjectStore
-    redis: redis.asyncio.Redis
-    procs: list[FleetProcess]
-    publisher: AsyncPublisher
-    names: dict[str, FleetProcess] = field(default_factory=dict)
-
-    @property
-    def keys(self) -> Keys:
-        return Keys(self.settings.fleet.name)
-
-    @property
-    def registry(self) -> FleetRegistry:
-        return FleetRegistry(self.redis, self.keys)
-
-    def start(self, kind: str, name: str) -> FleetProcess:
-        """Start a ``worker`` or ``coordinator`` process called ``name``."""
-        p = FleetProcess(kind, name, self.config, self.log_dir)
-        self.procs.append(p)
-        self.names[name] = p
-        return p
-
-    async def owners_settled(self, workers: set[str]) -> bool:
-        """Return True when exactly ``workers`` own every shard, none moving, tokens in place."""
-        a = await self.registry.assignment(self.settings.fleet.shards)
-        if any(s.owner not in workers or s.moving_to for s in a.slots):
-            return False
-        if set(a.owners()) != workers:
-            return False
-        tokens = await self.registry.owner_tokens(self.settings.fleet.shards)
-        return all(
-            t is not None and t.decode().split("@")[0] == s.owner
-            for s, t in zip(a.slots, tokens, strict=True)
-        )
+from tests._support.process_fleet import Fleet
 
 
 @pytest.fixture

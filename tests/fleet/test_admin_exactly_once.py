@@ -26,10 +26,9 @@ from shared.storage import open_store
 from tests._support.fleet import fleet_settings
 from tests._support.fleet_checks import admin_events, clean_audit, committed, no_staging_left, no_wal_left
 from tests._support.fleet_jobs import corrupted_job, failed_job, good_job
+from tests._support.process_fleet import Fleet
 from tests._support.wait import wait_for
 from workers import Worker
-
-from .conftest import Fleet
 
 DATASETS = ["ds-a", "ds-b", "ds-c"]
 

@@ -14,10 +14,9 @@ import pytest
 from shared.commit import audit
 from tests._support.fleet_checks import assert_committed_once, committed, no_staging_left, no_wal_left
 from tests._support.fleet_jobs import failed_job, good_job
+from tests._support.process_fleet import Fleet
 from tests._support.redis_server import RedisServer
 from tests._support.wait import wait_for
-
-from .conftest import Fleet
 
 
 async def _run_waves(fleet: Fleet, waves: int, per_wave: int, *, between: Any = None) -> set[tuple[str, str]]:

@@ -14,9 +14,7 @@ import json
 import os
 import re
 import signal
-import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,64 +39,12 @@ from shared.events import (
     wal_key,
 )
 from shared.queue import Keys
+from tests._support.cli import cli, cli_argv, cli_env
 from tests._support.fleet_checks import admin_events, clean_audit, committed, no_staging_left
 from tests._support.fleet_jobs import corrupted_job, failed_job, good_job, stage_task
 from tests._support.ports import free_port
+from tests._support.process_fleet import Fleet
 from tests._support.wait import wait_for
-
-from .conftest import Fleet
-
-CLI_TIMEOUT = 60.0
-
-
-@dataclass(frozen=True)
-class CliResult:
-    """What one CLI run printed and how it exited."""
-
-    rc: int
-    out: str
-    err: str
-
-    def json_lines(self) -> list[dict[str, Any]]:
-        """Return stdout parsed as one JSON object per non-empty line."""
-        return [json.loads(line) for line in self.out.splitlines() if line.strip()]
-
-
-def cli_env(**extra: str) -> dict[str, str]:
-    """Return this process's environment without fleet settings, plus ``extra``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("COMMITFLEET_") and k != "REDIS_URL"}
-    # A wide virtual terminal, so Rich wraps neither table cells nor long messages
-    # (see test_error_line_is_not_wrapped_without_a_terminal for the narrow default).
-    env["COLUMNS"] = "1000"
-    env.update(extra)
-    return env
-
-
-def cli_argv(*args: str | Path) -> list[str]:
-    return [sys.executable, "-m", "coordinator", *map(str, args)]
-
-
-async def cli(
-    *args: str | Path, env: dict[str, str] | None = None, timeout: float = CLI_TIMEOUT
-) -> CliResult:
-    """Run ``commitfleet ARGS`` to its end; fail the test if it outlives ``timeout``."""
-    proc = await asyncio.create_subprocess_exec(
-        *cli_argv(*args),
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=env or cli_env(),
-        start_new_session=True,
-    )
-    try:
-        async with asyncio.timeout(timeout):
-            out, err = await proc.communicate()
-    except TimeoutError:
-        os.killpg(proc.pid, signal.SIGKILL)
-        await proc.wait()
-        raise AssertionError(f"commitfleet {' '.join(map(str, args))} ran longer than {timeout}s") from None
-    assert proc.returncode is not None
-    return CliResult(proc.returncode, out.decode(), err.decode())
 
 
 def row(*cells: str) -> str:

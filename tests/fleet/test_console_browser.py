@@ -19,9 +19,8 @@ from shared.commit import read_manifest
 from tests._support.fleet_checks import committed
 from tests._support.fleet_jobs import corrupted_job, good_job
 from tests._support.ports import free_port
+from tests._support.process_fleet import Fleet
 from tests._support.wait import wait_for
-
-from .conftest import Fleet
 
 pytestmark = pytest.mark.browser
 

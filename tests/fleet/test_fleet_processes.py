@@ -35,9 +35,8 @@ from tests._support.fleet_checks import (
 )
 from tests._support.fleet_checks import commit_counts as committed_counts
 from tests._support.fleet_jobs import failed_job, good_job, stage_task
+from tests._support.process_fleet import Fleet
 from tests._support.wait import wait_for
-
-from .conftest import Fleet
 
 
 def report(line: str) -> None:

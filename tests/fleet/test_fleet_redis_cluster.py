@@ -25,10 +25,10 @@ from shared.events import Aborted, Committed, WorkerJoined
 from shared.queue import AsyncPublisher, Keys, connect, shard_of
 from tests._support.fleet_checks import admin_events, committed, no_staging_left
 from tests._support.fleet_jobs import failed_job, good_job
+from tests._support.process_fleet import Fleet
 from tests._support.redis_cluster import LocalRedisCluster
 from tests._support.wait import wait_for
 
-from .conftest import Fleet
 from .test_fleet_processes import assert_exactly_once, cancelled_job, report
 from .test_fleet_processes import (
     test_three_workers_200_datasets as test_three_workers_200_datasets_on_cluster,

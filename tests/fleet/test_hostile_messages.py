@@ -22,9 +22,8 @@ from shared.events import (
 from shared.queue import read_dead_letters, shard_of
 from tests._support.fleet_checks import admin_events, committed, no_staging_left
 from tests._support.fleet_jobs import good_job
+from tests._support.process_fleet import Fleet
 from tests._support.wait import wait_for
-
-from .conftest import Fleet
 
 SECRET = "s3cret-for-tests"
 

@@ -27,10 +27,9 @@ from shared.events import Committed
 from tests._support.emulators import Emulator
 from tests._support.fleet_checks import admin_events, committed, no_staging_left, no_wal_left
 from tests._support.fleet_jobs import failed_job, good_job
+from tests._support.process_fleet import Fleet
 from tests._support.wait import wait_for
 from workers import read_in_flight
-
-from .conftest import Fleet
 
 VALIDITY = 3.0
 RETRY_BUDGET = 60.0

@@ -19,17 +19,14 @@ from shared.events import (
     encode_event,
     sign,
 )
-from shared.queue import DEFAULT_GROUP, ShardConsumer, shard_of
-from tests._support.fleet import InProcessFleet, inprocess_fleet
+from shared.queue import DEFAULT_GROUP, ShardConsumer
+from tests._support.fleet import InProcessFleet, fleet_settings, inprocess_fleet
 from tests._support.fleet_checks import admin_events, committed
 from tests._support.fleet_jobs import good_job, stage_task
+from tests._support.routing import dataset_on
 from tests._support.wait import wait_for
 
 SECRET = "intake-secret"
-
-
-def _dataset_of(shard: int, shards: int, prefix: str = "ds") -> str:
-    return next(f"{prefix}{i}" for i in range(10_000) if shard_of(f"{prefix}{i}", shards) == shard)
 
 
 async def _reasons(fleet: InProcessFleet, shard: int) -> list[str]:
@@ -41,9 +38,11 @@ async def test_invalid_utf8_entry_is_dead_lettered_and_the_shard_goes_on(
     redis_url: str, redis_client: redis.asyncio.Redis, fleet_name: str, tmp_path: Path, signed: bool
 ) -> None:
     extra = {"security": {"hmac_secret": SECRET}} if signed else {}
-    async with inprocess_fleet(redis_url, redis_client, fleet_name, tmp_path / "store", **extra) as fleet:
+    async with inprocess_fleet(
+        redis_client, fleet_settings(redis_url, tmp_path / "store", fleet_name, **extra)
+    ) as fleet:
         shards = fleet.settings.fleet.shards
-        ds = _dataset_of(2, shards)
+        ds = dataset_on(2, shards)
         # The entry of the issue: invalid UTF-8 inside a JSON string (signed correctly when signing is on).
         bad = (
             b'{"type":"task_finished","v":1,"job":"j","dataset":"d\xe9","task":0,"attempt":0,'
@@ -85,9 +84,11 @@ async def test_formerly_silent_drops_get_dead_letters(
     own_id = await redis_client.xadd(keys_events, {b"data": b"{}"})
     await redis_client.xreadgroup(DEFAULT_GROUP, "w1", {keys_events: ">"}, count=1)
     await redis_client.xdel(keys_events, own_id)
-    async with inprocess_fleet(redis_url, redis_client, fleet_name, tmp_path / "store") as fleet:
-        ds = _dataset_of(shard, shards)
-        other = _dataset_of((shard + 1) % shards, shards, "other")
+    async with inprocess_fleet(
+        redis_client, fleet_settings(redis_url, tmp_path / "store", fleet_name)
+    ) as fleet:
+        ds = dataset_on(shard, shards)
+        other = dataset_on((shard + 1) % shards, shards, "other")
         stream = fleet.keys.events(shard)
         await wait_for(lambda: _has(fleet, shard, "deleted", 1), timeout=60, what="own deleted entry")
 
@@ -204,9 +205,11 @@ async def test_unexpected_error_on_one_entry_dead_letters_it_as_internal(
         return real(state, ev, now=now, default_timeout=default_timeout)
 
     monkeypatch.setattr(intake, "decide", flaky_decide)
-    async with inprocess_fleet(redis_url, redis_client, fleet_name, tmp_path / "store") as fleet:
+    async with inprocess_fleet(
+        redis_client, fleet_settings(redis_url, tmp_path / "store", fleet_name)
+    ) as fleet:
         shards = fleet.settings.fleet.shards
-        ds = _dataset_of(5, shards)
+        ds = dataset_on(5, shards)
         poison_ids = await fleet.publisher.publish(
             JobStarted(job="poison", datasets=[ds], timeout_s=600, started_at=time.time())
         )

@@ -21,19 +21,16 @@ import pytest
 import redis.asyncio
 
 from shared.events import InvalidMessage, MessageRejected, ValidationLimits, decode_entry
-from shared.queue import DEFAULT_GROUP, id_key, shard_of
-from tests._support.fleet import InProcessFleet, inprocess_fleet
+from shared.queue import DEFAULT_GROUP, id_key
+from tests._support.fleet import InProcessFleet, fleet_settings, inprocess_fleet
 from tests._support.fleet_checks import admin_events, committed
 from tests._support.fleet_jobs import good_job
 from tests._support.intake_mutations import hostile_entry
+from tests._support.routing import dataset_on, datasets_on
 from tests._support.wait import wait_for
 
 SHARD = 6
 SECRET = "fuzz-secret"
-
-
-def _datasets(shards: int, shard: int, n: int, prefix: str = "fz") -> list[str]:
-    return [f"{prefix}{i}" for i in range(100_000) if shard_of(f"{prefix}{i}", shards) == shard][:n]
 
 
 async def _drained(fleet: InProcessFleet, last_id: bytes) -> bool:
@@ -61,11 +58,11 @@ async def _fuzz(
     # (it did on a slow machine, where the run outlasted queue.trim_interval: with more dead
     # letters than queue.dead_letter_maxlen, the oldest were gone and counted as "accepted").
     extra["queue"] = {"dead_letter_maxlen": 2 * n}
-    async with inprocess_fleet(redis_url, redis_client, fleet_name, root, **extra) as fleet:
+    async with inprocess_fleet(redis_client, fleet_settings(redis_url, root, fleet_name, **extra)) as fleet:
         shards = fleet.settings.fleet.shards
-        datasets = _datasets(shards, SHARD, 3)
-        final_ds = _datasets(shards, SHARD, 1, "final")[0]
-        foreign = _datasets(shards, (SHARD + 1) % shards, 1)[0]
+        datasets = datasets_on(SHARD, shards, 3, prefix="fz")
+        final_ds = dataset_on(SHARD, shards, "final")
+        foreign = dataset_on((SHARD + 1) % shards, shards, "fz")
         rng = random.Random(seed)
         secret = SECRET.encode() if signed else None
         entries = [hostile_entry(rng, datasets, foreign, secret)[1] for _ in range(n)]

@@ -21,7 +21,7 @@ import redis.asyncio
 from shared import TransientError
 from shared.events import JobStarted, StagedFile, TaskFinished
 from shared.queue import DEFAULT_GROUP, AsyncPublisher, ensure_fleet
-from tests._support.fleet import InProcessFleet, inprocess_fleet
+from tests._support.fleet import InProcessFleet, fleet_settings, inprocess_fleet
 from tests._support.wait import wait_for
 from workers import _intake
 from workers._intake import IntakeMixin
@@ -56,7 +56,9 @@ class _WatchedLock(asyncio.Lock):
 async def test_intake_applies_nothing_while_another_save_holds_the_lock(
     redis_url: str, redis_client: redis.asyncio.Redis, fleet_name: str, tmp_path: Path
 ) -> None:
-    async with inprocess_fleet(redis_url, redis_client, fleet_name, tmp_path / "store", shards=1) as fleet:
+    async with inprocess_fleet(
+        redis_client, fleet_settings(redis_url, tmp_path / "store", fleet_name, shards=1)
+    ) as fleet:
         runner = await _session_runner(fleet)
         lock = _WatchedLock()
         runner._save_lock = lock
@@ -94,7 +96,9 @@ async def _open_job(fleet: InProcessFleet, runner: ShardRunner, job: str) -> Non
 async def test_a_status_change_is_applied_only_once_the_save_lock_is_held(
     redis_url: str, redis_client: redis.asyncio.Redis, fleet_name: str, tmp_path: Path
 ) -> None:
-    async with inprocess_fleet(redis_url, redis_client, fleet_name, tmp_path / "store", shards=1) as fleet:
+    async with inprocess_fleet(
+        redis_client, fleet_settings(redis_url, tmp_path / "store", fleet_name, shards=1)
+    ) as fleet:
         runner = await _session_runner(fleet)
         await _open_job(fleet, runner, "j")
         lock = _WatchedLock()
@@ -119,7 +123,9 @@ async def test_a_status_change_whose_save_fails_is_put_back_and_made_again(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    async with inprocess_fleet(redis_url, redis_client, fleet_name, tmp_path / "store", shards=1) as fleet:
+    async with inprocess_fleet(
+        redis_client, fleet_settings(redis_url, tmp_path / "store", fleet_name, shards=1)
+    ) as fleet:
         runner = await _session_runner(fleet)
         await _open_job(fleet, runner, "j")
         before = runner.state.jobs["j"]
@@ -179,7 +185,8 @@ async def test_a_run_of_saves_sent_ahead_gives_way_to_a_waiting_save(
     monkeypatch.setattr(IntakeMixin, "_judge_prepared", counting_judge)
     monkeypatch.setattr(_intake, "send_save", watching_send)
     async with inprocess_fleet(
-        redis_url, redis_client, fleet_name, tmp_path / "store", shards=1, worker={"read_batch": size}
+        redis_client,
+        fleet_settings(redis_url, tmp_path / "store", fleet_name, shards=1, worker={"read_batch": size}),
     ) as fleet:
         await asyncio.wait_for(run_started.wait(), timeout=30)
         runner = fleet.worker._runners[0][0]

@@ -10,18 +10,15 @@ import redis.asyncio
 
 from coordinator._status import fleet_status
 from shared.events import ShardSetAside
-from shared.queue import DEFAULT_GROUP, shard_of
-from tests._support.fleet import InProcessFleet, inprocess_fleet
+from shared.queue import DEFAULT_GROUP
+from tests._support.fleet import InProcessFleet, fleet_settings, inprocess_fleet
 from tests._support.fleet_checks import admin_events, committed
 from tests._support.fleet_jobs import good_job
+from tests._support.routing import dataset_on
 from tests._support.wait import wait_for
 
 SHARDS = 8
 BAD = 4
-
-
-def _dataset_of(shard: int) -> str:
-    return next(f"ds{i}" for i in range(10_000) if shard_of(f"ds{i}", SHARDS) == shard)
 
 
 async def _aside_events(fleet: InProcessFleet) -> list[ShardSetAside]:
@@ -51,8 +48,10 @@ async def test_unreadable_shard_state_sets_the_shard_aside_until_the_operator_fi
 ) -> None:
     key = f"cf:{fleet_name}:{{s{BAD}}}:state:{hash_name}"
     await redis_client.hset(key, field, raw)
-    async with inprocess_fleet(redis_url, redis_client, fleet_name, tmp_path / "store") as fleet:
-        bad_ds, good_ds = _dataset_of(BAD), _dataset_of(BAD + 1)
+    async with inprocess_fleet(
+        redis_client, fleet_settings(redis_url, tmp_path / "store", fleet_name)
+    ) as fleet:
+        bad_ds, good_ds = dataset_on(BAD, SHARDS), dataset_on(BAD + 1, SHARDS)
         # The rest of the fleet goes on; the set-aside shard reads nothing meanwhile.
         await fleet.publisher.publish_many(await good_job(fleet.store, "during", [bad_ds, good_ds], tasks=2))
         await wait_for(
@@ -88,10 +87,12 @@ async def test_a_state_key_of_the_wrong_type_sets_the_shard_aside(
 ) -> None:
     key = f"cf:{fleet_name}:{{s{BAD}}}:state:ended"
     await redis_client.set(key, b"not a hash")
-    async with inprocess_fleet(redis_url, redis_client, fleet_name, tmp_path / "store") as fleet:
+    async with inprocess_fleet(
+        redis_client, fleet_settings(redis_url, tmp_path / "store", fleet_name)
+    ) as fleet:
         (ev,) = await wait_for(lambda: _aside_events(fleet), timeout=30, what="shard_set_aside event")
         assert (ev.shard, ev.key, ev.field) == (BAD, key, "") and "WRONGTYPE" in ev.reason
-        bad_ds = _dataset_of(BAD)
+        bad_ds = dataset_on(BAD, SHARDS)
         await fleet.publisher.publish_many(await good_job(fleet.store, "wt", [bad_ds], tasks=1))
         await redis_client.delete(key, f"cf:{fleet_name}:{{s{BAD}}}:state:aside")  # the way out
         await wait_for(lambda: committed(fleet.store, [bad_ds], "wt"), timeout=60, what="shard back")
@@ -104,7 +105,9 @@ async def test_deleting_the_marker_without_a_fix_announces_again(
     key = f"cf:{fleet_name}:{{s{BAD}}}:state:jobs"
     marker = f"cf:{fleet_name}:{{s{BAD}}}:state:aside"
     await redis_client.hset(key, "j", b"[]")
-    async with inprocess_fleet(redis_url, redis_client, fleet_name, tmp_path / "store") as fleet:
+    async with inprocess_fleet(
+        redis_client, fleet_settings(redis_url, tmp_path / "store", fleet_name)
+    ) as fleet:
         await wait_for(lambda: _aside_events(fleet), timeout=30, what="first announcement")
         await redis_client.delete(marker)
         await wait_for(lambda: _count_is(_aside_events(fleet), 2), timeout=30, what="second announcement")

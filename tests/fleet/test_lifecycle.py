@@ -23,10 +23,9 @@ from shared.fleet import EXIT_CRASHED, HARD_EXIT_AFTER_S
 from shared.locks import read_lock
 from tests._support.fleet_checks import admin_events, committed
 from tests._support.fleet_jobs import good_job
+from tests._support.process_fleet import Fleet
 from tests._support.redis_server import RedisHandle, RedisServer
 from tests._support.wait import wait_for
-
-from .conftest import Fleet
 
 WAIT_LINE = "cannot reach the fleet's Redis yet; waiting before trying again"
 

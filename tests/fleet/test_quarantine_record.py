@@ -11,11 +11,10 @@ from typing import Any
 
 from coordinator._status import fleet_status
 from shared.queue import as_text, shard_of
+from tests._support.cli import cli
 from tests._support.fleet_jobs import corrupted_job
+from tests._support.process_fleet import Fleet
 from tests._support.wait import wait_for
-
-from .conftest import Fleet
-from .test_cli import cli
 
 
 async def test_quarantine_reaches_the_status_record_during_the_session(fleet: Fleet) -> None:

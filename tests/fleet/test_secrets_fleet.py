@@ -24,13 +24,12 @@ from shared.events import (
     sign_v2,
 )
 from shared.queue import read_admin_range, read_dead_letters, shard_of
+from tests._support.cli import cli, cli_env
 from tests._support.fleet_checks import admin_events, committed
 from tests._support.fleet_jobs import good_job
+from tests._support.process_fleet import Fleet
 from tests._support.redis_server import RedisServer
 from tests._support.wait import wait_for
-
-from .conftest import Fleet
-from .test_cli import cli, cli_env
 
 PASSWORD = "s3cr#t/p@ss:w0rd?x%41 y"
 WRONG = "wr0ng#pl@nted/pw"

@@ -18,9 +18,8 @@ import pytest
 from shared.commit import read_manifest
 from shared.fleet import FleetRegistry, worker_info
 from shared.queue import Keys
+from tests._support.process_fleet import Fleet
 from tests._support.wait import wait_for
-
-from .conftest import Fleet
 
 
 async def _lease_instance(fleet: Fleet, worker: str) -> str | None:
