@@ -14,12 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import redis.asyncio
 
 from coordinator import Coordinator
 from shared import Settings, load_settings
 from shared.events import AdminEvent
 from shared.queue import AsyncPublisher, DeadLetter, Keys, ensure_fleet, read_admin_range, read_dead_letters
+from shared.spark import ProducerConfig
 from shared.storage import ObjectStore, open_store
 from workers import Worker
 
@@ -43,6 +45,12 @@ def fleet_settings(redis_url: str, root: Path, fleet: str, *, shards: int = 8, *
     for section, values in extra.items():
         overrides.setdefault(section, {}).update(values)
     return load_settings(env={}, overrides=overrides)
+
+
+def producer_config(settings: Settings, job_timeout: float, wait_timeout: float = 30.0) -> ProducerConfig:
+    """Return a Spark producer's configuration for the fleet of ``settings``, with these timeouts."""
+    base = ProducerConfig.from_settings(settings, job_timeout=job_timeout)
+    return msgspec.structs.replace(base, wait_timeout=wait_timeout)
 
 
 @dataclass

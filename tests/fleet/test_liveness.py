@@ -9,21 +9,17 @@ event loop. Timeouts are short (1-2 s) so every test takes seconds.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import pytest
 import redis.asyncio
 import redis.asyncio.retry
 import redis.backoff
 import redis.exceptions
 
-from coordinator import Coordinator
-from shared import Settings
 from shared.commit import read_manifest
 from shared.events import (
     Aborted,
@@ -37,49 +33,17 @@ from shared.events import (
 )
 from shared.fleet import FleetRegistry
 from shared.queue import AsyncPublisher, JobOutcome, Keys, ensure_fleet, shard_of
-from shared.spark import JobNotCommitted, ProducerConfig
+from shared.spark import JobNotCommitted
 from shared.spark._outcome import Heartbeat, OutcomeTimeout, wait_for_outcome
-from shared.storage import ObjectStore, open_store
-from tests._support.fleet import fleet_settings
+from shared.storage import ObjectStore
+from tests._support.fleet import fleet_settings, inprocess_fleet, producer_config
 from tests._support.fleet_checks import admin_events
 from tests._support.fleet_jobs import stage_task
 from tests._support.redis_server import RedisServer
+from tests._support.routing import datasets_on
 from tests._support.wait import wait_for
-from workers import Worker
 
 SHARDS = 8
-
-
-def same_shard(n: int, shard: int = 3) -> list[str]:
-    """Return ``n`` dataset names that all live on ``shard`` (so one job-level event covers them)."""
-    out: list[str] = []
-    i = 0
-    while len(out) < n:
-        name = f"ds{i}"
-        if shard_of(name, SHARDS) == shard:
-            out.append(name)
-        i += 1
-    return out
-
-
-@contextlib.asynccontextmanager
-async def running_fleet(settings: Settings) -> AsyncIterator[ObjectStore]:
-    """A coordinator and one worker in this event loop; yields the fleet's store."""
-    coord = Coordinator(settings, coordinator_id="c1")
-    worker = Worker(settings, worker_id="w1")
-    async with open_store(settings.store.url, settings.store) as store, asyncio.TaskGroup() as tg:
-        tasks = [tg.create_task(x.run()) for x in (coord, worker)]
-        try:
-            yield store
-        finally:
-            worker.shutdown()
-            coord.shutdown()
-        await asyncio.gather(*tasks)
-
-
-def producer(settings: Settings, job_timeout: float, wait_timeout: float = 30.0) -> ProducerConfig:
-    base = ProducerConfig.from_settings(settings, job_timeout=job_timeout)
-    return msgspec.structs.replace(base, wait_timeout=wait_timeout)
 
 
 async def start_job(
@@ -114,9 +78,10 @@ async def test_a_live_job_outlives_its_timeout_commits_and_the_driver_gets_its_r
     redis_url: str, redis_client: redis.asyncio.Redis, fleet_name: str, tmp_path: Path
 ) -> None:
     settings = fleet_settings(redis_url, tmp_path / "store", fleet_name, shards=SHARDS)
-    cfg = producer(settings, job_timeout=1.0)
+    cfg = producer_config(settings, job_timeout=1.0)
     datasets = ["orders", "clicks", "users"]
-    async with running_fleet(settings) as store:
+    async with inprocess_fleet(redis_client, settings, ensure=False) as fleet:
+        store = fleet.store
         await ensure_fleet(redis_client, fleet_name, SHARDS)
         pub = AsyncPublisher(redis_client, fleet_name, SHARDS)
         hb = Heartbeat(cfg, "long", datasets)
@@ -152,9 +117,10 @@ async def test_a_silent_job_is_aborted_once_after_its_timeout_and_the_driver_is_
     redis_url: str, redis_client: redis.asyncio.Redis, fleet_name: str, tmp_path: Path
 ) -> None:
     settings = fleet_settings(redis_url, tmp_path / "store", fleet_name, shards=SHARDS)
-    cfg = producer(settings, job_timeout=1.0)
-    datasets = same_shard(3)
-    async with running_fleet(settings) as store:
+    cfg = producer_config(settings, job_timeout=1.0)
+    datasets = datasets_on(3, SHARDS, 3)
+    async with inprocess_fleet(redis_client, settings, ensure=False) as fleet:
+        store = fleet.store
         await ensure_fleet(redis_client, fleet_name, SHARDS)
         pub = AsyncPublisher(redis_client, fleet_name, SHARDS)
         hb = Heartbeat(cfg, "dies", datasets)
@@ -190,10 +156,11 @@ async def test_max_job_duration_aborts_a_live_job_and_its_heartbeat_sees_it(
     settings = fleet_settings(
         redis_url, tmp_path / "store", fleet_name, shards=SHARDS, worker={"max_job_duration": 2.0}
     )
-    cfg = producer(settings, job_timeout=1.0)
-    datasets = same_shard(2)
+    cfg = producer_config(settings, job_timeout=1.0)
+    datasets = datasets_on(3, SHARDS, 2)
     seen: list[JobOutcome] = []
-    async with running_fleet(settings) as store:
+    async with inprocess_fleet(redis_client, settings, ensure=False) as fleet:
+        store = fleet.store
         await ensure_fleet(redis_client, fleet_name, SHARDS)
         pub = AsyncPublisher(redis_client, fleet_name, SHARDS)
         hb = Heartbeat(cfg, "endless", datasets, on_beat=lambda o: seen.append(o) if o.results else None)
@@ -220,48 +187,45 @@ async def test_a_live_job_survives_its_shard_changing_owner(
     """The shard's owner leaves mid-job; the next owner has never seen the job's key, and must
     not count the handoff as the driver's silence."""
     settings = fleet_settings(redis_url, tmp_path / "store", fleet_name, shards=SHARDS)
-    cfg = producer(settings, job_timeout=1.0)
-    datasets = same_shard(2)
+    cfg = producer_config(settings, job_timeout=1.0)
+    datasets = datasets_on(3, SHARDS, 2)
     registry = FleetRegistry(redis_client, Keys(fleet_name))
-    coord = Coordinator(settings, coordinator_id="c1")
-    workers = {w: Worker(settings, worker_id=w) for w in ("w1", "w2")}
-    async with open_store(settings.store.url, settings.store) as store, asyncio.TaskGroup() as tg:
-        runs = {name: tg.create_task(x.run()) for name, x in [("c1", coord), *workers.items()]}
+    ids = ("w1", "w2")
+    async with inprocess_fleet(redis_client, settings, workers=ids, ensure=False) as fleet:
+        store = fleet.store
+        workers = dict(zip(ids, fleet.workers, strict=True))
+        runs = dict(zip(ids, fleet.worker_tasks, strict=True))
+        await ensure_fleet(redis_client, fleet_name, SHARDS)
+
+        async def owner_of_3(among: set[str]) -> str | None:
+            a = await registry.assignment(SHARDS)
+            token = (await registry.owner_tokens(SHARDS))[3]
+            owner = a.slots[3].owner if a.slots else None
+            settled = set(a.owners()) == among and not a.slots[3].moving_to
+            ok = settled and token is not None and token.decode().startswith(f"{owner}@")
+            return owner if ok else None
+
+        first = await wait_for(lambda: owner_of_3({"w1", "w2"}), timeout=60, what="two owners")
+        pub = AsyncPublisher(redis_client, fleet_name, SHARDS)
+        hb = Heartbeat(cfg, "moving", datasets)
+        hb.start()
         try:
-            await ensure_fleet(redis_client, fleet_name, SHARDS)
-
-            async def owner_of_3(among: set[str]) -> str | None:
-                a = await registry.assignment(SHARDS)
-                token = (await registry.owner_tokens(SHARDS))[3]
-                owner = a.slots[3].owner if a.slots else None
-                settled = set(a.owners()) == among and not a.slots[3].moving_to
-                ok = settled and token is not None and token.decode().startswith(f"{owner}@")
-                return owner if ok else None
-
-            first = await wait_for(lambda: owner_of_3({"w1", "w2"}), timeout=60, what="two owners")
-            pub = AsyncPublisher(redis_client, fleet_name, SHARDS)
-            hb = Heartbeat(cfg, "moving", datasets)
-            hb.start()
-            try:
-                finished = await start_job(pub, store, "moving", datasets, timeout_s=1.0)
-                await wait_for(lambda: beats(hb, 5), timeout=30, what="5 heartbeats")
-                workers[first].shutdown()  # the owner leaves: the other one takes the shard over
-                await runs[first]
-                other = ({"w1", "w2"} - {first}).pop()
-                await wait_for(lambda: owner_of_3({other}), timeout=60, what="the handoff")
-                before = hb.beats
-                await wait_for(lambda: beats(hb, before + 15), timeout=30, what="3 s on the new owner")
-                assert await events_of(redis_client, fleet_name, "moving", JobTimedOut) == []
-                await pub.publish(finished)
-                results = await asyncio.to_thread(wait_for_outcome, cfg, "moving", datasets, 30.0)
-            finally:
-                hb.stop()
-            assert {r.status for r in results.values()} == {"committed"}
-            committed = await events_of(redis_client, fleet_name, "moving", Committed)
-            assert {e.worker for e in committed} == {other}
+            finished = await start_job(pub, store, "moving", datasets, timeout_s=1.0)
+            await wait_for(lambda: beats(hb, 5), timeout=30, what="5 heartbeats")
+            workers[first].shutdown()  # the owner leaves: the other one takes the shard over
+            await runs[first]
+            other = ({"w1", "w2"} - {first}).pop()
+            await wait_for(lambda: owner_of_3({other}), timeout=60, what="the handoff")
+            before = hb.beats
+            await wait_for(lambda: beats(hb, before + 15), timeout=30, what="3 s on the new owner")
+            assert await events_of(redis_client, fleet_name, "moving", JobTimedOut) == []
+            await pub.publish(finished)
+            results = await asyncio.to_thread(wait_for_outcome, cfg, "moving", datasets, 30.0)
         finally:
-            for x in (*workers.values(), coord):
-                x.shutdown()
+            hb.stop()
+        assert {r.status for r in results.values()} == {"committed"}
+        committed = await events_of(redis_client, fleet_name, "moving", Committed)
+        assert {e.worker for e in committed} == {other}
 
 
 @pytest.fixture
@@ -282,9 +246,9 @@ async def test_a_redis_restart_that_loses_the_liveness_keys_does_not_abort_a_liv
     settings = fleet_settings(
         private_redis.url, tmp_path / "store", fleet_name, shards=SHARDS, worker={"lease": 30.0}
     )
-    cfg = producer(settings, job_timeout=2.0)
-    datasets = same_shard(2)
-    probe_ds = same_shard(3)[2]
+    cfg = producer_config(settings, job_timeout=2.0)
+    datasets = datasets_on(3, SHARDS, 2)
+    probe_ds = datasets_on(3, SHARDS, 3)[2]
     # The test's own client reconnects after the restart (the fleet's own clients do it their way).
     client = redis.asyncio.Redis.from_url(
         private_redis.url,
@@ -292,7 +256,8 @@ async def test_a_redis_restart_that_loses_the_liveness_keys_does_not_abort_a_liv
         retry_on_error=[redis.exceptions.ConnectionError],
     )
     try:
-        async with running_fleet(settings) as store:
+        async with inprocess_fleet(client, settings, ensure=False) as fleet:
+            store = fleet.store
             await ensure_fleet(client, fleet_name, SHARDS)
             pub = AsyncPublisher(client, fleet_name, SHARDS)
             hb = Heartbeat(cfg, "survivor", datasets)
@@ -335,7 +300,7 @@ async def test_waiting_without_an_outcome_ends_at_the_deadline(
 ) -> None:
     settings = fleet_settings(redis_url, tmp_path / "store", fleet_name, shards=SHARDS)
     await ensure_fleet(redis_client, fleet_name, SHARDS)
-    cfg = producer(settings, job_timeout=1.0)
+    cfg = producer_config(settings, job_timeout=1.0)
     start = time.monotonic()
     with pytest.raises(OutcomeTimeout) as info:
         await asyncio.to_thread(wait_for_outcome, cfg, "nobody", ["a", "b"], 0.5)

@@ -32,12 +32,13 @@ from shared.queue import AsyncPublisher, ensure_fleet, shard_of
 from shared.spark import JobNotCommitted
 from shared.spark._job import JobContext
 from shared.spark._outcome import wait_for_outcome
-from tests._support.fleet import fleet_settings
+from tests._support.fleet import fleet_settings, inprocess_fleet, producer_config
 from tests._support.fleet_checks import admin_events
 from tests._support.fleet_jobs import corrupted_job, good_job, stage_task
+from tests._support.routing import datasets_on
 from tests._support.wait import wait_for
 
-from .test_liveness import SHARDS, producer, running_fleet, same_shard
+SHARDS = 8
 
 
 async def commitfleet(config: Path, *args: str) -> tuple[int, str, str]:
@@ -68,8 +69,9 @@ async def test_results_quarantine_by_name_and_the_wait_command(
         redis_url, tmp_path / "store", fleet_name, shards=SHARDS, queue={"trim_interval": 0.0}
     )
     config = write_config(settings, tmp_path / "fleet.toml")
-    cfg = producer(settings, job_timeout=60.0)
-    async with running_fleet(settings) as store:
+    cfg = producer_config(settings, job_timeout=60.0)
+    async with inprocess_fleet(redis_client, settings, ensure=False) as fleet:
+        store = fleet.store
         await ensure_fleet(redis_client, fleet_name, SHARDS)
         pub = AsyncPublisher(redis_client, fleet_name, SHARDS)
         await pub.publish_many(await good_job(store, "fine", ["a", "b"], tasks=2))
@@ -114,10 +116,11 @@ async def test_a_driver_finishing_a_job_the_fleet_already_ended_fails_loudly(
     settings = fleet_settings(
         redis_url, tmp_path / "store", fleet_name, shards=SHARDS, queue={"trim_interval": 0.0}
     )
-    cfg = producer(settings, job_timeout=1.0)
-    first, second = same_shard(2)
+    cfg = producer_config(settings, job_timeout=1.0)
+    first, second = datasets_on(3, SHARDS, 2)
     other_shard = next(f"x{i}" for i in range(100) if shard_of(f"x{i}", SHARDS) != 3)
-    async with running_fleet(settings) as store:
+    async with inprocess_fleet(redis_client, settings, ensure=False) as fleet:
+        store = fleet.store
         await ensure_fleet(redis_client, fleet_name, SHARDS)
         pub = AsyncPublisher(redis_client, fleet_name, SHARDS)
         # The driver announced a short timeout, staged output, then went silent (no heartbeat) on
