@@ -29,7 +29,7 @@ import time
 import tracemalloc
 from pathlib import Path
 
-from tests.bench.soak import rss_mb
+from tests._support.memory import rss_mb
 
 
 def _counts() -> dict[str, object]:

@@ -47,17 +47,7 @@ from shared.queue import RESULT_RETENTION_S, AsyncPublisher, Keys, ensure_fleet
 from shared.storage import open_store
 from tests._support.fleet import fleet_settings
 from tests._support.fleet_jobs import good_job
-
-
-def rss_mb(pid: int) -> float:
-    """Return the resident set size of ``pid`` in MB (0 when it is gone)."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
+from tests._support.memory import rss_mb
 
 
 @dataclass

@@ -9,7 +9,6 @@ real outcome: manifests and files in the store, the audit, admin events.
 from __future__ import annotations
 
 import signal
-import sys
 import time
 from collections import Counter
 
@@ -17,89 +16,33 @@ import pytest
 
 from shared.commit import audit
 from shared.events import (
-    Aborted,
     CommitStarted,
-    JobCancelled,
-    JobStarted,
-    QueueEvent,
     ShardsAssigned,
-    WorkerJoined,
 )
 from shared.queue import shard_of
 from tests._support.fleet_checks import (
     admin_events,
-    assert_committed_once,
     committed,
     no_staging_left,
     no_wal_left,
 )
 from tests._support.fleet_checks import commit_counts as committed_counts
-from tests._support.fleet_jobs import failed_job, good_job, stage_task
-from tests._support.process_fleet import Fleet
+from tests._support.fleet_jobs import good_job
+from tests._support.process_fleet import (
+    Fleet,
+    assert_exactly_once,
+    report,
+    three_workers_200_datasets,
+)
 from tests._support.wait import wait_for
-
-
-def report(line: str) -> None:
-    """Print a measured figure so it shows in the test log (-s or on failure)."""
-    sys.stderr.write(f"[figure] {line}\n")
-
-
-async def cancelled_job(fleet: Fleet, job: str, datasets: list[str], tasks: int) -> list[QueueEvent]:
-    evs: list[QueueEvent] = [JobStarted(job=job, datasets=datasets, timeout_s=600, started_at=time.time())]
-    for ds in datasets:
-        for t in range(tasks):
-            evs.append(await stage_task(fleet.store, job, ds, t, 0))
-    evs.append(JobCancelled(job=job, datasets=datasets, reason="user", cancelled_at=time.time()))
-    # A cancelled job's tasks can still publish after the job ended.
-    evs.append(await stage_task(fleet.store, job, datasets[0], 0, 1))
-    return evs
 
 
 async def commit_counts(fleet: Fleet) -> Counter[tuple[str, str]]:
     return await committed_counts(fleet.redis, fleet.settings.fleet.name)
 
 
-async def assert_exactly_once(fleet: Fleet, expected_commits: set[tuple[str, str]]) -> None:
-    await wait_for(lambda: no_wal_left(fleet.store), timeout=60, what="every commit sequence finished")
-    rep = await audit(fleet.store)
-    assert rep.ok, rep.violations[:20]
-    await assert_committed_once(fleet.redis, fleet.settings.fleet.name, expected_commits)
-
-
 async def test_three_workers_200_datasets(fleet: Fleet) -> None:
-    fleet.start("coordinator", "c1")
-    for i in (1, 2, 3):
-        fleet.start("worker", f"w{i}")
-    await wait_for(
-        lambda: fleet.owners_settled({"w1", "w2", "w3"}), timeout=60, what="3 workers own all shards"
-    )
-    datasets = [f"ds{i:03d}" for i in range(200)]
-    good = await good_job(fleet.store, "big", datasets, tasks=4)
-    bad = await failed_job(fleet.store, "bad", datasets[:20], tasks=2)
-    cancel = await cancelled_job(fleet, "cancel", datasets[20:40], tasks=2)
-    started = time.monotonic()
-    await fleet.publisher.publish_many([*good, *bad, *cancel])
-    await wait_for(
-        lambda: committed(fleet.store, datasets, "big"), timeout=240, interval=0.5, what="200 commits"
-    )
-    for job in ("big", "bad", "cancel"):
-        await wait_for(
-            lambda job=job: no_staging_left(fleet.store, job), timeout=60, what=f"{job} staging gone"
-        )
-    report(f"200 datasets x 4 tasks committed by 3 worker processes in {time.monotonic() - started:.1f}s")
-
-    async def aborts_done() -> bool:
-        evs = await admin_events(fleet.redis, fleet.settings.fleet.name)
-        return Counter(e.job for e in evs if isinstance(e, Aborted)) == Counter({"bad": 20, "cancel": 20})
-
-    await wait_for(aborts_done, timeout=60, what="40 aborted events")
-    await assert_exactly_once(fleet, {(ds, "big") for ds in datasets})
-    evs = await admin_events(fleet.redis, fleet.settings.fleet.name)
-    assert {e.worker for e in evs if isinstance(e, WorkerJoined)} == {"w1", "w2", "w3"}
-    assert any(isinstance(e, ShardsAssigned) for e in evs)
-    assert sum(isinstance(e, CommitStarted) for e in evs) >= 200
-    for p in fleet.procs:
-        assert p.proc.poll() is None, f"{p.name} exited"
+    await three_workers_200_datasets(fleet)
 
 
 async def test_scale_out_and_in(fleet: Fleet) -> None:

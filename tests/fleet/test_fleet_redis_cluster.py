@@ -25,18 +25,17 @@ from shared.events import Aborted, Committed, WorkerJoined
 from shared.queue import AsyncPublisher, Keys, connect, shard_of
 from tests._support.fleet_checks import admin_events, committed, no_staging_left
 from tests._support.fleet_jobs import failed_job, good_job
-from tests._support.process_fleet import Fleet
+from tests._support.process_fleet import (
+    Fleet,
+    assert_exactly_once,
+    cancelled_job,
+    report,
+    three_workers_200_datasets,
+)
 from tests._support.redis_cluster import LocalRedisCluster
 from tests._support.wait import wait_for
 
-from .test_fleet_processes import assert_exactly_once, cancelled_job, report
-from .test_fleet_processes import (
-    test_three_workers_200_datasets as test_three_workers_200_datasets_on_cluster,
-)
-
 pytestmark = pytest.mark.redis_cluster
-
-__all__ = ["test_three_workers_200_datasets_on_cluster"]
 
 
 @pytest.fixture
@@ -154,3 +153,8 @@ async def test_master_killed_mid_run_loses_and_doubles_nothing_with_wait(
     for p in fleet.procs:
         assert p.proc.poll() is None, f"{p.name} exited after the failover"
     report(f"{len(on_killed)} of {len(shard_streams)} shard streams were on the killed master")
+
+
+async def test_three_workers_200_datasets_on_cluster(fleet: Fleet) -> None:
+    """test_fleet_processes.py's 200-dataset run, through the cluster."""
+    await three_workers_200_datasets(fleet)
