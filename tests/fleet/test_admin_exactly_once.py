@@ -23,7 +23,7 @@ from coordinator._cli_ops import operator_request
 from shared.events import Aborted, Committed, Quarantined
 from shared.queue import AdminPublisher, AsyncPublisher, Keys, ensure_fleet, read_admin_range
 from shared.storage import open_store
-from tests._support.fleet import fleet_settings
+from tests._support.fleet import fleet_settings, inprocess_fleet
 from tests._support.fleet_checks import admin_events, clean_audit, committed, no_staging_left, no_wal_left
 from tests._support.fleet_jobs import corrupted_job, failed_job, good_job
 from tests._support.process_fleet import Fleet
@@ -163,32 +163,24 @@ async def test_operator_retry_and_skip_announce_one_outcome_each(
 ) -> None:
     """A quarantined sequence retried commits (one ``committed``); one skipped is aborted (one event)."""
     settings = fleet_settings(redis_url, tmp_path / "store", fleet_name)
-    await ensure_fleet(redis_client, fleet_name, settings.fleet.shards)
-    coord = Coordinator(settings, coordinator_id="c1")
-    worker = Worker(settings, worker_id="w1")
-    async with open_store(settings.store.url, settings.store) as store, asyncio.TaskGroup() as tg:
-        tasks = [tg.create_task(x.run()) for x in (coord, worker)]
-        try:
-            pub = AsyncPublisher(redis_client, fleet_name, settings.fleet.shards)
-            fix_evs, fix_key, right = await corrupted_job(store, "j-fix", "qa")
-            skip_evs, _key, _right = await corrupted_job(store, "j-skip", "qb")
-            await pub.publish_many([*fix_evs, *skip_evs])
+    async with inprocess_fleet(redis_client, settings) as fleet:
+        store = fleet.store
+        pub = fleet.publisher
+        fix_evs, fix_key, right = await corrupted_job(store, "j-fix", "qa")
+        skip_evs, _key, _right = await corrupted_job(store, "j-skip", "qb")
+        await pub.publish_many([*fix_evs, *skip_evs])
 
-            async def both_quarantined() -> bool:
-                evs = await admin_events(redis_client, fleet_name)
-                return {(e.dataset, e.job) for e in evs if isinstance(e, Quarantined)} == {
-                    ("qa", "j-fix"),
-                    ("qb", "j-skip"),
-                }
+        async def both_quarantined() -> bool:
+            evs = await admin_events(redis_client, fleet_name)
+            return {(e.dataset, e.job) for e in evs if isinstance(e, Quarantined)} == {
+                ("qa", "j-fix"),
+                ("qb", "j-skip"),
+            }
 
-            await wait_for(both_quarantined, timeout=60, what="2 quarantined sequences")
-            await store.write(fix_key, right)  # the operator fixes the cause of one
-            await operator_request(settings, "qa", "j-fix", "retry", wait_s=60)
-            await operator_request(settings, "qb", "j-skip", "skip", wait_s=60)
-        finally:
-            for x in (worker, coord):
-                x.shutdown()
-        await asyncio.gather(*tasks)
+        await wait_for(both_quarantined, timeout=60, what="2 quarantined sequences")
+        await store.write(fix_key, right)  # the operator fixes the cause of one
+        await operator_request(settings, "qa", "j-fix", "retry", wait_s=60)
+        await operator_request(settings, "qb", "j-skip", "skip", wait_s=60)
     evs = await admin_events(redis_client, fleet_name)
     outcomes = [(type(e).__name__, e.dataset, e.job) for e in evs if isinstance(e, Committed | Aborted)]
     assert sorted(outcomes) == [("Aborted", "qb", "j-skip"), ("Committed", "qa", "j-fix")]

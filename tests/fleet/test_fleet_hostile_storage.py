@@ -6,7 +6,6 @@ commits the jobs that come after."""
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import time
 from pathlib import Path
@@ -14,7 +13,6 @@ from pathlib import Path
 import msgspec
 import redis.asyncio
 
-from coordinator import Coordinator
 from shared.events import (
     Aborted,
     AdminEvent,
@@ -28,13 +26,12 @@ from shared.events import (
     StagedFile,
     TaskFinished,
 )
-from shared.queue import AsyncPublisher, ensure_fleet
-from shared.storage import ObjectStore, open_store
-from tests._support.fleet import fleet_settings
+from shared.queue import ensure_fleet
+from shared.storage import ObjectStore
+from tests._support.fleet import fleet_settings, inprocess_fleet
 from tests._support.fleet_checks import admin_events, committed, nothing_under
 from tests._support.fleet_jobs import good_job, stage_task
 from tests._support.wait import wait_for
-from workers import Worker
 
 
 def _outside(tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
@@ -99,49 +96,38 @@ async def test_hostile_staging_quarantines_and_the_worker_goes_on(
     root = tmp_path / "store"
     out, outside_files = _outside(tmp_path)
     settings = fleet_settings(redis_url, root, fleet_name)
-    coord = Coordinator(settings, coordinator_id="c1")
-    worker = Worker(settings, worker_id="w1")
-    async with open_store(settings.store.url, settings.store) as store, asyncio.TaskGroup() as tg:
-        tasks = [tg.create_task(x.run()) for x in (coord, worker)]
-        try:
-            await ensure_fleet(redis_client, fleet_name, settings.fleet.shards)
-            pub = AsyncPublisher(redis_client, fleet_name, settings.fleet.shards)
-            await pub.publish_many(await _hostile_jobs(store, root, out))
-            await pub.publish_many(await good_job(store, "j-ok", ["ok1", "ok2"], tasks=2))
+    async with inprocess_fleet(redis_client, settings, ensure=False) as fleet:
+        store = fleet.store
+        await ensure_fleet(redis_client, fleet_name, settings.fleet.shards)
+        pub = fleet.publisher
+        await pub.publish_many(await _hostile_jobs(store, root, out))
+        await pub.publish_many(await good_job(store, "j-ok", ["ok1", "ok2"], tasks=2))
 
-            want = {"lk": "symbolic link", "lf": "symbolic link", "md": "MD5", "sz": "its task reported 65"}
+        want = {"lk": "symbolic link", "lf": "symbolic link", "md": "MD5", "sz": "its task reported 65"}
 
-            async def outcomes() -> list[AdminEvent] | None:
-                evs = await admin_events(redis_client, fleet_name)
-                quarantined = {e.dataset for e in evs if isinstance(e, Quarantined)}
-                aborted = {e.dataset for e in evs if isinstance(e, Aborted)}
-                done = {e.dataset for e in evs if isinstance(e, Committed)}
-                return (
-                    evs if quarantined >= set(want) and "ab" in aborted and done >= {"ok1", "ok2"} else None
-                )
+        async def outcomes() -> list[AdminEvent] | None:
+            evs = await admin_events(redis_client, fleet_name)
+            quarantined = {e.dataset for e in evs if isinstance(e, Quarantined)}
+            aborted = {e.dataset for e in evs if isinstance(e, Aborted)}
+            done = {e.dataset for e in evs if isinstance(e, Committed)}
+            return evs if quarantined >= set(want) and "ab" in aborted and done >= {"ok1", "ok2"} else None
 
-            evs = await wait_for(outcomes, timeout=60, what="quarantines, the abort and the good commits")
-            reasons = {e.dataset: e.reason for e in evs if isinstance(e, Quarantined)}
-            for dataset, words in want.items():
-                assert reasons[dataset].startswith("publish _staging/") and ": verify: " in reasons[dataset]
-                assert words in reasons[dataset], reasons[dataset]
-            for dataset in ("lk", "lf", "md", "sz"):
-                assert await nothing_under(store, f"{dataset}/"), dataset  # nothing published
-            assert await nothing_under(store, "_staging/j-fail/")  # rolled back (the link is not an object)
-            assert (root / "_staging" / "j-fail" / "ab" / "1-0").is_symlink()  # left alone, not followed
+        evs = await wait_for(outcomes, timeout=60, what="quarantines, the abort and the good commits")
+        reasons = {e.dataset: e.reason for e in evs if isinstance(e, Quarantined)}
+        for dataset, words in want.items():
+            assert reasons[dataset].startswith("publish _staging/") and ": verify: " in reasons[dataset]
+            assert words in reasons[dataset], reasons[dataset]
+        for dataset in ("lk", "lf", "md", "sz"):
+            assert await nothing_under(store, f"{dataset}/"), dataset  # nothing published
+        assert await nothing_under(store, "_staging/j-fail/")  # rolled back (the link is not an object)
+        assert (root / "_staging" / "j-fail" / "ab" / "1-0").is_symlink()  # left alone, not followed
 
-            # Nothing outside the root was moved, read into the store or deleted.
-            assert sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()) == sorted(
-                outside_files
-            )
-            for name, body in outside_files.items():
-                assert (out / name).read_bytes() == body
+        # Nothing outside the root was moved, read into the store or deleted.
+        assert sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()) == sorted(outside_files)
+        for name, body in outside_files.items():
+            assert (out / name).read_bytes() == body
 
-            # The worker is alive and still commits what comes next.
-            assert not any(t.done() for t in tasks)
-            await pub.publish_many(await good_job(store, "j-later", ["ok3"], tasks=2))
-            await wait_for(lambda: committed(store, ["ok3"], "j-later"), timeout=60, what="a later commit")
-        finally:
-            for x in (worker, coord):
-                x.shutdown()
-        await asyncio.gather(*tasks)
+        # The worker is alive and still commits what comes next.
+        assert not any(t.done() for t in (fleet.coordinator_task, *fleet.worker_tasks))
+        await pub.publish_many(await good_job(store, "j-later", ["ok3"], tasks=2))
+        await wait_for(lambda: committed(store, ["ok3"], "j-later"), timeout=60, what="a later commit")

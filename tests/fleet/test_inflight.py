@@ -19,18 +19,16 @@ import pytest
 import redis.asyncio
 
 import workers._actions as actions
-from coordinator import Coordinator
 from coordinator._status import fleet_status
 from shared.commit import CommitRequest, WinningAttempt, encode_sequence, plan_commit
 from shared.events import Committed, JobFailed, JobStarted, wal_key
-from shared.queue import AsyncPublisher, Keys, ensure_fleet, shard_of
-from shared.storage import open_store
+from shared.queue import Keys, shard_of
 from tests._support.checkpoints import pause_first_at
-from tests._support.fleet import fleet_settings
+from tests._support.fleet import fleet_settings, inprocess_fleet
 from tests._support.fleet_checks import admin_events, clean_audit, committed, no_wal_left
 from tests._support.fleet_jobs import good_job, stage_task
 from tests._support.wait import wait_for
-from workers import Worker, read_in_flight
+from workers import read_in_flight
 
 LOCK = {"validity": 1.2, "renew_interval": 0.3, "max_drift": 0.1, "poll_min": 0.02, "poll_max": 0.2}
 
@@ -80,49 +78,41 @@ async def test_a_commit_whose_lock_ran_out_is_retried_and_shown_in_flight(
     hook = _StarveOnce()
     monkeypatch.setattr(actions, "checkpoint", hook)
     keys = Keys(fleet_name)
-    await ensure_fleet(redis_client, fleet_name, settings.fleet.shards)
-    coord = Coordinator(settings, coordinator_id="c1")
-    worker = Worker(settings, worker_id="w1")
-    async with open_store(settings.store.url, settings.store) as store, asyncio.TaskGroup() as tg:
-        tasks = [tg.create_task(x.run()) for x in (coord, worker)]
-        try:
-            pub = AsyncPublisher(redis_client, fleet_name, settings.fleet.shards)
-            await pub.publish_many(await good_job(store, "job-1", ["ds-1"], 2))
-            await asyncio.wait_for(hook.second.wait(), 30)  # retried (it used to stop here for good)
+    async with inprocess_fleet(redis_client, settings) as fleet:
+        store = fleet.store
+        pub = fleet.publisher
+        await pub.publish_many(await good_job(store, "job-1", ["ds-1"], 2))
+        await asyncio.wait_for(hook.second.wait(), 30)  # retried (it used to stop here for good)
 
-            async def board() -> list[dict[str, Any]]:
-                return await read_in_flight(redis_client, keys, settings.fleet.shards)
+        async def board() -> list[dict[str, Any]]:
+            return await read_in_flight(redis_client, keys, settings.fleet.shards)
 
-            async def second_attempt_shown() -> list[dict[str, Any]] | None:
-                # The board is written behind (workers._inflight): wait for the second attempt.
-                rows = await board()
-                return rows if rows and rows[0].get("attempts") == 2 else None
+        async def second_attempt_shown() -> list[dict[str, Any]] | None:
+            # The board is written behind (workers._inflight): wait for the second attempt.
+            rows = await board()
+            return rows if rows and rows[0].get("attempts") == 2 else None
 
-            rows = await wait_for(second_attempt_shown, timeout=10, what="the second attempt on the board")
-            assert len(rows) == 1, rows
-            row = rows[0]
-            assert (row["work"], row["dataset"], row["job"]) == ("commit", "ds-1", "job-1")
-            assert (row["state"], row["attempts"], row["worker"]) == ("running", 2, "w1")
-            assert row["last_error"].startswith("LockLost"), row["last_error"]
-            doc = await fleet_status(redis_client, keys, settings)
-            assert [r["label"] for r in doc["in_flight"]] == [row["label"]]
-            hook.seen.set()
+        rows = await wait_for(second_attempt_shown, timeout=10, what="the second attempt on the board")
+        assert len(rows) == 1, rows
+        row = rows[0]
+        assert (row["work"], row["dataset"], row["job"]) == ("commit", "ds-1", "job-1")
+        assert (row["state"], row["attempts"], row["worker"]) == ("running", 2, "w1")
+        assert row["last_error"].startswith("LockLost"), row["last_error"]
+        doc = await fleet_status(redis_client, keys, settings)
+        assert [r["label"] for r in doc["in_flight"]] == [row["label"]]
+        hook.seen.set()
 
-            await wait_for(lambda: committed(store, ["ds-1"], "job-1"), timeout=30, what="the commit")
-            await wait_for(lambda: no_wal_left(store), timeout=30, what="the sequence finished")
+        await wait_for(lambda: committed(store, ["ds-1"], "job-1"), timeout=30, what="the commit")
+        await wait_for(lambda: no_wal_left(store), timeout=30, what="the sequence finished")
 
-            async def board_empty() -> bool:
-                return not await board()
+        async def board_empty() -> bool:
+            return not await board()
 
-            await wait_for(board_empty, timeout=30, what="the board emptied once the work was done")
-            evs = await admin_events(redis_client, fleet_name)
-            assert sum(isinstance(e, Committed) for e in evs) == 1
-            report = await clean_audit(store)
-            assert report.ok, report.violations
-        finally:
-            for x in (worker, coord):
-                x.shutdown()
-        await asyncio.gather(*tasks)
+        await wait_for(board_empty, timeout=30, what="the board emptied once the work was done")
+        evs = await admin_events(redis_client, fleet_name)
+        assert sum(isinstance(e, Committed) for e in evs) == 1
+        report = await clean_audit(store)
+        assert report.ok, report.violations
 
 
 async def test_an_abort_that_finds_a_commit_without_winners_in_the_job_state_finishes_it(
@@ -134,43 +124,35 @@ async def test_an_abort_that_finds_a_commit_without_winners_in_the_job_state_fin
     `committing` for good; now the WAL is recovered and the commit announced once.
     """
     settings = fleet_settings(redis_url, tmp_path / "store", fleet_name)
-    await ensure_fleet(redis_client, fleet_name, settings.fleet.shards)
-    coord = Coordinator(settings, coordinator_id="c1")
-    worker = Worker(settings, worker_id="w1")
-    async with open_store(settings.store.url, settings.store) as store, asyncio.TaskGroup() as tg:
-        tasks = [tg.create_task(x.run()) for x in (coord, worker)]
-        try:
-            pub = AsyncPublisher(redis_client, fleet_name, settings.fleet.shards)
-            # A first job committed: every shard's session is past its start-up recovery.
-            await pub.publish_many(await good_job(store, "job-0", ["ds-w"], 1))
-            await wait_for(lambda: committed(store, ["ds-w"], "job-0"), timeout=30, what="a first commit")
-            started = JobStarted(job="job-w", datasets=["ds-w"], timeout_s=600, started_at=time.time())
-            staged = [await stage_task(store, "job-w", "ds-w", t, 0) for t in range(2)]
-            req = CommitRequest(
-                dataset="ds-w",
-                job="job-w",
-                winners=[WinningAttempt(task=a.task, attempt=a.attempt, files=a.files) for a in staged],
-                expected_tasks=2,
-            )
-            # A commit sequence of the job, written before anything ran (a holder died after writing it).
-            await store.write(wal_key("ds-w", "job-w"), encode_sequence(plan_commit(req, 1, now=time.time())))
-            failed = JobFailed(job="job-w", datasets=["ds-w"], reason="driver lost", failed_at=time.time())
-            await pub.publish_many([started, *staged, failed])
-            await wait_for(lambda: committed(store, ["ds-w"], "job-w"), timeout=30, what="the WAL's commit")
-            await wait_for(
-                lambda: _no_open_job(redis_client, fleet_name, settings.fleet.shards),
-                timeout=30,
-                what="the dataset's status settled (job ended)",
-            )
-            evs = await admin_events(redis_client, fleet_name)
-            assert [(e.dataset, e.job) for e in evs if isinstance(e, Committed)] == [
-                ("ds-w", "job-0"),
-                ("ds-w", "job-w"),
-            ]
-        finally:
-            for x in (worker, coord):
-                x.shutdown()
-        await asyncio.gather(*tasks)
+    async with inprocess_fleet(redis_client, settings) as fleet:
+        store = fleet.store
+        pub = fleet.publisher
+        # A first job committed: every shard's session is past its start-up recovery.
+        await pub.publish_many(await good_job(store, "job-0", ["ds-w"], 1))
+        await wait_for(lambda: committed(store, ["ds-w"], "job-0"), timeout=30, what="a first commit")
+        started = JobStarted(job="job-w", datasets=["ds-w"], timeout_s=600, started_at=time.time())
+        staged = [await stage_task(store, "job-w", "ds-w", t, 0) for t in range(2)]
+        req = CommitRequest(
+            dataset="ds-w",
+            job="job-w",
+            winners=[WinningAttempt(task=a.task, attempt=a.attempt, files=a.files) for a in staged],
+            expected_tasks=2,
+        )
+        # A commit sequence of the job, written before anything ran (a holder died after writing it).
+        await store.write(wal_key("ds-w", "job-w"), encode_sequence(plan_commit(req, 1, now=time.time())))
+        failed = JobFailed(job="job-w", datasets=["ds-w"], reason="driver lost", failed_at=time.time())
+        await pub.publish_many([started, *staged, failed])
+        await wait_for(lambda: committed(store, ["ds-w"], "job-w"), timeout=30, what="the WAL's commit")
+        await wait_for(
+            lambda: _no_open_job(redis_client, fleet_name, settings.fleet.shards),
+            timeout=30,
+            what="the dataset's status settled (job ended)",
+        )
+        evs = await admin_events(redis_client, fleet_name)
+        assert [(e.dataset, e.job) for e in evs if isinstance(e, Committed)] == [
+            ("ds-w", "job-0"),
+            ("ds-w", "job-w"),
+        ]
 
 
 async def _no_open_job(r: redis.asyncio.Redis, fleet: str, shards: int) -> bool:
@@ -205,29 +187,21 @@ async def test_a_commit_block_that_outlived_its_lease_is_rechecked_not_lost_nor_
     settings = fleet_settings(redis_url, tmp_path / "store", fleet_name, lock=LOCK, worker={"lease": 6.0})
     hook = _OutliveOnce()
     monkeypatch.setattr(actions, "checkpoint", hook)
-    await ensure_fleet(redis_client, fleet_name, settings.fleet.shards)
-    coord = Coordinator(settings, coordinator_id="c1")
-    worker = Worker(settings, worker_id="w1")
-    async with open_store(settings.store.url, settings.store) as store, asyncio.TaskGroup() as tg:
-        tasks = [tg.create_task(x.run()) for x in (coord, worker)]
-        try:
-            pub = AsyncPublisher(redis_client, fleet_name, settings.fleet.shards)
-            await pub.publish_many(await good_job(store, "job-o", ["ds-o"], 2))
-            await wait_for(lambda: committed(store, ["ds-o"], "job-o"), timeout=30, what="the commit")
-            await wait_for(
-                lambda: _no_open_job(redis_client, fleet_name, settings.fleet.shards),
-                timeout=30,
-                what="job ended",
-            )
+    async with inprocess_fleet(redis_client, settings) as fleet:
+        store = fleet.store
+        pub = fleet.publisher
+        await pub.publish_many(await good_job(store, "job-o", ["ds-o"], 2))
+        await wait_for(lambda: committed(store, ["ds-o"], "job-o"), timeout=30, what="the commit")
+        await wait_for(
+            lambda: _no_open_job(redis_client, fleet_name, settings.fleet.shards),
+            timeout=30,
+            what="job ended",
+        )
 
-            async def board_empty() -> bool:
-                return not await read_in_flight(redis_client, Keys(fleet_name), settings.fleet.shards)
+        async def board_empty() -> bool:
+            return not await read_in_flight(redis_client, Keys(fleet_name), settings.fleet.shards)
 
-            await wait_for(board_empty, timeout=30, what="the retried work finished")
-        finally:
-            for x in (worker, coord):
-                x.shutdown()
-        await asyncio.gather(*tasks)
+        await wait_for(board_empty, timeout=30, what="the retried work finished")
     assert hook.frozen
     assert any("outlived its lease" in r.getMessage() for r in caplog.records), (
         "no LockLost at the block's end"
@@ -256,13 +230,10 @@ async def test_work_waiting_for_a_slot_or_for_its_dataset_shows_as_queued(
         next(f"ds-q{i}" for i in range(1, 1000) if shard_of(f"ds-q{i}", settings.fleet.shards) == first),
     ]
     keys = Keys(fleet_name)
-    await ensure_fleet(redis_client, fleet_name, settings.fleet.shards)
-    coord = Coordinator(settings, coordinator_id="c1")
-    worker = Worker(settings, worker_id="w1")
-    async with open_store(settings.store.url, settings.store) as store, asyncio.TaskGroup() as tg:
-        tasks = [tg.create_task(x.run()) for x in (coord, worker)]
+    async with inprocess_fleet(redis_client, settings) as fleet:
+        store = fleet.store
         try:
-            pub = AsyncPublisher(redis_client, fleet_name, settings.fleet.shards)
+            pub = fleet.publisher
             await pub.publish_many(await good_job(store, "job-q", names, 1))
             await asyncio.wait_for(paused.wait(), 30)
 
@@ -281,6 +252,3 @@ async def test_work_waiting_for_a_slot_or_for_its_dataset_shows_as_queued(
             await wait_for(board_empty, timeout=30, what="the board emptied")
         finally:
             go.set()
-            for x in (worker, coord):
-                x.shutdown()
-        await asyncio.gather(*tasks)

@@ -18,15 +18,12 @@ import pytest
 import redis.asyncio
 
 import workers._actions as actions
-from coordinator import Coordinator
 from shared.fleet import FleetRegistry
-from shared.queue import AsyncPublisher, Keys, ensure_fleet
-from shared.storage import open_store
-from tests._support.fleet import fleet_settings
+from shared.queue import Keys
+from tests._support.fleet import fleet_settings, inprocess_fleet
 from tests._support.fleet_checks import committed
 from tests._support.fleet_jobs import good_job
 from tests._support.wait import wait_for
-from workers import Worker
 
 SLOTS = 2
 
@@ -59,14 +56,12 @@ async def test_fenced_work_does_not_leak_inflight_slots(
         redis_url, tmp_path / "store", fleet_name, shards=1, worker={"max_inflight_datasets": SLOTS}
     )
     gate = _Gate(monkeypatch)
-    await ensure_fleet(redis_client, fleet_name, 1)
-    coord = Coordinator(settings, coordinator_id="c1")
-    worker = Worker(settings, worker_id="w1")
     reg = FleetRegistry(redis_client, Keys(fleet_name))
-    async with open_store(settings.store.url, settings.store) as store, asyncio.TaskGroup() as tg:
-        tasks = [tg.create_task(x.run()) for x in (coord, worker)]
+    async with inprocess_fleet(redis_client, settings) as fleet:
+        store = fleet.store
+        worker = fleet.worker
         try:
-            pub = AsyncPublisher(redis_client, fleet_name, 1)
+            pub = fleet.publisher
             names = [f"a-{i}" for i in range(10)]
             await pub.publish_many(await good_job(store, "job-a", names, 1, duplicate_attempt=False))
 
@@ -100,9 +95,6 @@ async def test_fenced_work_does_not_leak_inflight_slots(
             assert ctx.inflight._value == SLOTS, f"leaked {SLOTS - ctx.inflight._value} in-flight slot(s)"
         finally:
             gate.open.set()
-            for x in (worker, coord):
-                x.shutdown()
-        await asyncio.gather(*tasks)
 
 
 async def test_the_worker_still_commits_after_as_many_fences_as_slots(
@@ -118,15 +110,13 @@ async def test_the_worker_still_commits_after_as_many_fences_as_slots(
         redis_url, tmp_path / "store", fleet_name, shards=1, worker={"max_inflight_datasets": SLOTS}
     )
     gate = _Gate(monkeypatch)
-    await ensure_fleet(redis_client, fleet_name, 1)
-    coord = Coordinator(settings, coordinator_id="c1")
-    worker = Worker(settings, worker_id="w1")
     reg = FleetRegistry(redis_client, Keys(fleet_name))
     owner_key = Keys(fleet_name).shard_state(0, "owner")
-    async with open_store(settings.store.url, settings.store) as store, asyncio.TaskGroup() as tg:
-        tasks = [tg.create_task(x.run()) for x in (coord, worker)]
+    async with inprocess_fleet(redis_client, settings) as fleet:
+        store = fleet.store
+        worker = fleet.worker
         try:
-            pub = AsyncPublisher(redis_client, fleet_name, 1)
+            pub = fleet.publisher
             for rnd in range(SLOTS):
                 gate.open.clear()
                 names = [f"r{rnd}-{i}" for i in range(10)]
@@ -154,6 +144,3 @@ async def test_the_worker_still_commits_after_as_many_fences_as_slots(
             await wait_for(lambda: committed(store, names, "job-late"), timeout=60, what="job-late committed")
         finally:
             gate.open.set()
-            for x in (worker, coord):
-                x.shutdown()
-        await asyncio.gather(*tasks)

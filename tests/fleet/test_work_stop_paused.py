@@ -18,13 +18,10 @@ import pytest
 import redis.asyncio
 
 import workers._actions as actions
-from coordinator import Coordinator
-from shared.queue import AsyncPublisher, Keys, ensure_fleet
-from shared.storage import open_store
-from tests._support.fleet import fleet_settings
+from shared.queue import Keys
+from tests._support.fleet import fleet_settings, inprocess_fleet
 from tests._support.fleet_jobs import good_job
 from tests._support.wait import wait_for
-from workers import Worker
 
 GRACE = 2.0
 
@@ -54,14 +51,12 @@ async def test_a_stop_while_intake_is_paused_ends_within_the_drain_grace(
             await gate.wait()
 
     monkeypatch.setattr(actions, "checkpoint", gated)
-    await ensure_fleet(redis_client, fleet_name, 1)
-    coord = Coordinator(settings, coordinator_id="c1")
-    worker = Worker(settings, worker_id="w1")
-    async with open_store(settings.store.url, settings.store) as store, asyncio.TaskGroup() as tg:
-        coord_task = tg.create_task(coord.run())
-        worker_task = tg.create_task(worker.run())
+    async with inprocess_fleet(redis_client, settings) as fleet:
+        store = fleet.store
+        worker = fleet.worker
+        worker_task = fleet.worker_tasks[0]
         try:
-            pub = AsyncPublisher(redis_client, fleet_name, 1)
+            pub = fleet.publisher
             names = [f"d-{i}" for i in range(10)]
             await pub.publish_many(await good_job(store, "job-a", names, 1, duplicate_attempt=False))
             await asyncio.wait_for(held.wait(), 30)
@@ -78,8 +73,5 @@ async def test_a_stop_while_intake_is_paused_ends_within_the_drain_grace(
             assert done, f"worker still running {took:.1f}s after shutdown (drain_grace {GRACE}s)"
         finally:
             gate.set()
-            worker.shutdown()
-            coord.shutdown()
-        await asyncio.gather(coord_task, worker_task)
     board = await redis_client.hgetall(Keys(fleet_name).shard_state(0, "inflight"))
     assert not board, f"the stopped worker left its in-flight board: {board}"

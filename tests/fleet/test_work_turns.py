@@ -18,16 +18,12 @@ import pytest
 import redis.asyncio
 
 import workers._actions as actions
-from coordinator import Coordinator
 from shared.events import Aborted, Committed
-from shared.queue import AsyncPublisher, ensure_fleet
-from shared.storage import open_store
 from tests._support.checkpoints import pause_first_at
-from tests._support.fleet import fleet_settings
+from tests._support.fleet import fleet_settings, inprocess_fleet
 from tests._support.fleet_checks import admin_events, clean_audit, committed
 from tests._support.fleet_jobs import failed_job, good_job
 from tests._support.wait import wait_for
-from workers import Worker
 
 BIG = 40  # datasets of the failed job
 SLOTS = 2
@@ -62,13 +58,10 @@ async def test_a_good_job_commits_between_the_aborts_of_a_big_failed_job(
 
     monkeypatch.setattr(actions, "checkpoint", gated)
     big = [f"big-{i}" for i in range(BIG)]
-    await ensure_fleet(redis_client, fleet_name, settings.fleet.shards)
-    coord = Coordinator(settings, coordinator_id="c1")
-    worker = Worker(settings, worker_id="w1")
-    async with open_store(settings.store.url, settings.store) as store, asyncio.TaskGroup() as tg:
-        tasks = [tg.create_task(x.run()) for x in (coord, worker)]
+    async with inprocess_fleet(redis_client, settings) as fleet:
+        store = fleet.store
         try:
-            pub = AsyncPublisher(redis_client, fleet_name, settings.fleet.shards)
+            pub = fleet.publisher
             await pub.publish_many(await failed_job(store, "job-big", big, 1))
 
             async def slots_held() -> bool:
@@ -105,9 +98,6 @@ async def test_a_good_job_commits_between_the_aborts_of_a_big_failed_job(
         finally:
             for _ in range(BIG):
                 permits.release()
-            for x in (worker, coord):
-                x.shutdown()
-        await asyncio.gather(*tasks)
 
 
 async def test_a_stopping_worker_runs_its_queued_work_within_the_drain_grace(
@@ -126,14 +116,12 @@ async def test_a_stopping_worker_runs_its_queued_work_within_the_drain_grace(
     )
     paused, go = pause_first_at(monkeypatch, "commit.locked")
     names = [f"ds-{i}" for i in range(4)]
-    await ensure_fleet(redis_client, fleet_name, settings.fleet.shards)
-    coord = Coordinator(settings, coordinator_id="c1")
-    worker = Worker(settings, worker_id="w1")
-    async with open_store(settings.store.url, settings.store) as store, asyncio.TaskGroup() as tg:
-        coord_task = tg.create_task(coord.run())
-        worker_task = tg.create_task(worker.run())
+    async with inprocess_fleet(redis_client, settings) as fleet:
+        store = fleet.store
+        worker = fleet.worker
+        worker_task = fleet.worker_tasks[0]
         try:
-            pub = AsyncPublisher(redis_client, fleet_name, settings.fleet.shards)
+            pub = fleet.publisher
             await pub.publish_many(await good_job(store, "job-d", names, 1))
             await asyncio.wait_for(paused.wait(), 30)
             runner = next(r for r, _task in worker._runners.values())
@@ -151,6 +139,3 @@ async def test_a_stopping_worker_runs_its_queued_work_within_the_drain_grace(
             assert sorted(e.dataset for e in events if isinstance(e, Committed)) == names
         finally:
             go.set()
-            worker.shutdown()
-            coord.shutdown()
-        await asyncio.gather(coord_task, worker_task)
