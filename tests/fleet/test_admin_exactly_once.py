@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 import redis.asyncio
 
-import workers._actions as actions
 from coordinator import Coordinator
 from coordinator._cli_ops import operator_request
 from shared.events import Aborted, Committed, Quarantined
 from shared.queue import AdminPublisher, AsyncPublisher, Keys, ensure_fleet, read_admin_range
 from shared.storage import open_store
+from tests._support.checkpoints import PauseFirst, install_checkpoint
 from tests._support.fleet import fleet_settings, inprocess_fleet
 from tests._support.fleet_checks import admin_events, clean_audit, committed, no_staging_left, no_wal_left
 from tests._support.fleet_jobs import corrupted_job, failed_job, good_job
@@ -36,19 +36,6 @@ COMMIT_POINTS = ["commit.locked", "commit.done", "commit.announced", "commit.sav
 ABORT_POINTS = ["abort.done", "abort.announced"]
 
 
-class _Freeze:
-    """Replaces ``checkpoint``: the first time ``point`` is reached, that work freezes there for good."""
-
-    def __init__(self, point: str) -> None:
-        self.point = point
-        self.reached = asyncio.Event()
-
-    async def __call__(self, point: str) -> None:
-        if point == self.point and not self.reached.is_set():
-            self.reached.set()
-            await asyncio.Event().wait()  # until the worker's shutdown cancels it
-
-
 @pytest.mark.parametrize("point", COMMIT_POINTS + ABORT_POINTS)
 async def test_one_outcome_event_per_dataset_whatever_point_the_worker_dies_at(
     point: str,
@@ -59,8 +46,8 @@ async def test_one_outcome_event_per_dataset_whatever_point_the_worker_dies_at(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     settings = fleet_settings(redis_url, tmp_path / "store", fleet_name, worker={"drain_grace": 0.1})
-    freeze = _Freeze(point)
-    monkeypatch.setattr(actions, "checkpoint", freeze)
+    freeze = PauseFirst(point)  # the first work to reach the point freezes there for good
+    install_checkpoint(monkeypatch, freeze)
     aborting = point.startswith("abort.")
     job = "job-x"
     await ensure_fleet(redis_client, fleet_name, settings.fleet.shards)
@@ -74,7 +61,7 @@ async def test_one_outcome_event_per_dataset_whatever_point_the_worker_dies_at(
             pub = AsyncPublisher(redis_client, fleet_name, settings.fleet.shards)
             make = failed_job if aborting else good_job
             await pub.publish_many(await make(store, job, DATASETS, 2))
-            await asyncio.wait_for(freeze.reached.wait(), 30)
+            await asyncio.wait_for(freeze.paused.wait(), 30)
             # The first worker dies at the point: its work there is cancelled, nothing after it runs.
             first.shutdown()
             await asyncio.wait_for(first_task, 30)

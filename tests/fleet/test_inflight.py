@@ -18,12 +18,11 @@ from typing import Any
 import pytest
 import redis.asyncio
 
-import workers._actions as actions
 from coordinator._status import fleet_status
 from shared.commit import CommitRequest, WinningAttempt, encode_sequence, plan_commit
 from shared.events import Committed, JobFailed, JobStarted, wal_key
 from shared.queue import Keys, shard_of
-from tests._support.checkpoints import pause_first_at
+from tests._support.checkpoints import install_checkpoint, pause_first_at
 from tests._support.fleet import fleet_settings, inprocess_fleet
 from tests._support.fleet_checks import admin_events, clean_audit, committed, no_wal_left
 from tests._support.fleet_jobs import good_job, stage_task
@@ -76,7 +75,7 @@ async def test_a_commit_whose_lock_ran_out_is_retried_and_shown_in_flight(
 ) -> None:
     settings = fleet_settings(redis_url, tmp_path / "store", fleet_name, lock=LOCK, worker={"lease": 6.0})
     hook = _StarveOnce()
-    monkeypatch.setattr(actions, "checkpoint", hook)
+    install_checkpoint(monkeypatch, hook)
     keys = Keys(fleet_name)
     async with inprocess_fleet(redis_client, settings) as fleet:
         store = fleet.store
@@ -186,7 +185,7 @@ async def test_a_commit_block_that_outlived_its_lease_is_rechecked_not_lost_nor_
     """The block ends normally after its lease ran out: LockLost; the retry finds the work done and stops."""
     settings = fleet_settings(redis_url, tmp_path / "store", fleet_name, lock=LOCK, worker={"lease": 6.0})
     hook = _OutliveOnce()
-    monkeypatch.setattr(actions, "checkpoint", hook)
+    install_checkpoint(monkeypatch, hook)
     async with inprocess_fleet(redis_client, settings) as fleet:
         store = fleet.store
         pub = fleet.publisher

@@ -17,32 +17,15 @@ from pathlib import Path
 import pytest
 import redis.asyncio
 
-import workers._actions as actions
 from shared.fleet import FleetRegistry
 from shared.queue import Keys
+from tests._support.checkpoints import HoldAt, install_checkpoint
 from tests._support.fleet import fleet_settings, inprocess_fleet
 from tests._support.fleet_checks import committed
 from tests._support.fleet_jobs import good_job
 from tests._support.wait import wait_for
 
 SLOTS = 2
-
-
-class _Gate:
-    """Commits wait at ``commit.locked`` while ``open`` is not set; ``waiting`` counts them."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.open = asyncio.Event()
-        self.waiting = 0
-        monkeypatch.setattr(actions, "checkpoint", self._at)
-
-    async def _at(self, point: str) -> None:
-        if point == "commit.locked" and not self.open.is_set():
-            self.waiting += 1
-            try:
-                await self.open.wait()
-            finally:
-                self.waiting -= 1
 
 
 async def test_fenced_work_does_not_leak_inflight_slots(
@@ -55,7 +38,8 @@ async def test_fenced_work_does_not_leak_inflight_slots(
     settings = fleet_settings(
         redis_url, tmp_path / "store", fleet_name, shards=1, worker={"max_inflight_datasets": SLOTS}
     )
-    gate = _Gate(monkeypatch)
+    gate = HoldAt("commit.locked")
+    install_checkpoint(monkeypatch, gate)
     reg = FleetRegistry(redis_client, Keys(fleet_name))
     async with inprocess_fleet(redis_client, settings) as fleet:
         store = fleet.store
@@ -109,7 +93,8 @@ async def test_the_worker_still_commits_after_as_many_fences_as_slots(
     settings = fleet_settings(
         redis_url, tmp_path / "store", fleet_name, shards=1, worker={"max_inflight_datasets": SLOTS}
     )
-    gate = _Gate(monkeypatch)
+    gate = HoldAt("commit.locked")
+    install_checkpoint(monkeypatch, gate)
     reg = FleetRegistry(redis_client, Keys(fleet_name))
     owner_key = Keys(fleet_name).shard_state(0, "owner")
     async with inprocess_fleet(redis_client, settings) as fleet:

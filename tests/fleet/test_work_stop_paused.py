@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import redis.asyncio
 
-import workers._actions as actions
 from shared.queue import Keys
+from tests._support.checkpoints import HoldAt, install_checkpoint
 from tests._support.fleet import fleet_settings, inprocess_fleet
 from tests._support.fleet_jobs import good_job
 from tests._support.wait import wait_for
@@ -42,15 +42,8 @@ async def test_a_stop_while_intake_is_paused_ends_within_the_drain_grace(
         shards=1,
         worker={"max_inflight_datasets": 1, "max_queued_work": max_queued, "drain_grace": GRACE},
     )
-    gate = asyncio.Event()  # a slow commit: holds the only slot until the test says so
-    held = asyncio.Event()
-
-    async def gated(point: str) -> None:
-        if point == "commit.locked" and not gate.is_set():
-            held.set()
-            await gate.wait()
-
-    monkeypatch.setattr(actions, "checkpoint", gated)
+    hold = HoldAt("commit.locked")  # a slow commit: holds the only slot until the test says so
+    install_checkpoint(monkeypatch, hold)
     async with inprocess_fleet(redis_client, settings) as fleet:
         store = fleet.store
         worker = fleet.worker
@@ -59,7 +52,7 @@ async def test_a_stop_while_intake_is_paused_ends_within_the_drain_grace(
             pub = fleet.publisher
             names = [f"d-{i}" for i in range(10)]
             await pub.publish_many(await good_job(store, "job-a", names, 1, duplicate_attempt=False))
-            await asyncio.wait_for(held.wait(), 30)
+            await asyncio.wait_for(hold.held.wait(), 30)
             runner, _ = worker._runners[0]
 
             async def paused() -> bool:
@@ -72,6 +65,6 @@ async def test_a_stop_while_intake_is_paused_ends_within_the_drain_grace(
             took = time.monotonic() - t0
             assert done, f"worker still running {took:.1f}s after shutdown (drain_grace {GRACE}s)"
         finally:
-            gate.set()
+            hold.open.set()
     board = await redis_client.hgetall(Keys(fleet_name).shard_state(0, "inflight"))
     assert not board, f"the stopped worker left its in-flight board: {board}"

@@ -17,9 +17,8 @@ from pathlib import Path
 import pytest
 import redis.asyncio
 
-import workers._actions as actions
 from shared.events import Aborted, Committed
-from tests._support.checkpoints import pause_first_at
+from tests._support.checkpoints import PermitsAt, install_checkpoint, pause_first_at
 from tests._support.fleet import fleet_settings, inprocess_fleet
 from tests._support.fleet_checks import admin_events, clean_audit, committed
 from tests._support.fleet_jobs import failed_job, good_job
@@ -44,19 +43,8 @@ async def test_a_good_job_commits_between_the_aborts_of_a_big_failed_job(
     settings = fleet_settings(
         redis_url, tmp_path / "store", fleet_name, shards=1, worker={"max_inflight_datasets": SLOTS}
     )
-    permits = asyncio.Semaphore(0)
-    waiting = 0
-
-    async def gated(point: str) -> None:
-        nonlocal waiting
-        if point == "abort.done":
-            waiting += 1
-            try:
-                await permits.acquire()
-            finally:
-                waiting -= 1
-
-    monkeypatch.setattr(actions, "checkpoint", gated)
+    gate = PermitsAt("abort.done")
+    install_checkpoint(monkeypatch, gate)
     big = [f"big-{i}" for i in range(BIG)]
     async with inprocess_fleet(redis_client, settings) as fleet:
         store = fleet.store
@@ -65,14 +53,14 @@ async def test_a_good_job_commits_between_the_aborts_of_a_big_failed_job(
             await pub.publish_many(await failed_job(store, "job-big", big, 1))
 
             async def slots_held() -> bool:
-                return waiting == SLOTS
+                return gate.waiting == SLOTS
 
             await wait_for(slots_held, timeout=30, what="every slot held by an abort")
             await pub.publish_many(await good_job(store, "job-small", ["small"], 2))
 
             # Its turn comes after one more abort of the big job: three permits are plenty.
             for _ in range(3):
-                permits.release()
+                gate.release()
             await wait_for(
                 lambda: committed(store, ["small"], "job-small"),
                 timeout=30,
@@ -82,7 +70,7 @@ async def test_a_good_job_commits_between_the_aborts_of_a_big_failed_job(
             assert sum(isinstance(e, Aborted) for e in events) <= 3 + SLOTS
 
             for _ in range(BIG):
-                permits.release()
+                gate.release()
 
             async def all_ended() -> bool:
                 evs = await admin_events(redis_client, fleet_name)
@@ -97,7 +85,7 @@ async def test_a_good_job_commits_between_the_aborts_of_a_big_failed_job(
             assert (await clean_audit(store)).ok
         finally:
             for _ in range(BIG):
-                permits.release()
+                gate.release()
 
 
 async def test_a_stopping_worker_runs_its_queued_work_within_the_drain_grace(
