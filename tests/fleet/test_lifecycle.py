@@ -2,7 +2,7 @@
 
 Real worker and coordinator processes, a real redis-server that the tests stop
 and start. A bug is planted in a worker by a launcher of the tests
-(tests/fleet/_faulty.py), never by a hook in the product.
+(tests/_support/faulty_cli.py), never by a hook in the product.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def start_faulty(
     fleet: Fleet, name: str, fault: str, monkeypatch: pytest.MonkeyPatch, kind: str = "worker"
 ) -> FleetProcess:
     monkeypatch.setenv("CF_TEST_FAULT", fault)
-    p = FleetProcess(kind, name, fleet.config, fleet.log_dir, module="tests.fleet._faulty")
+    p = FleetProcess(kind, name, fleet.config, fleet.log_dir, module="tests._support.faulty_cli")
     fleet.procs.append(p)
     fleet.names[name] = p
     return p

@@ -27,7 +27,7 @@ NAME = "ds1"
 
 
 class Holder:
-    """A ``_lock_worker hold`` process holding the lock and writing markers while it does."""
+    """A ``lock_worker hold`` process holding the lock and writing markers while it does."""
 
     def __init__(self, root: Path, out: Path, owner: str) -> None:
         out.mkdir(parents=True, exist_ok=True)
@@ -43,7 +43,7 @@ class Holder:
         }
         with open(out / "stderr.txt", "wb") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tests.integration._lock_worker", json.dumps(cfg)],
+                [sys.executable, "-m", "tests._support.lock_worker", json.dumps(cfg)],
                 cwd=REPO,
                 stdout=subprocess.DEVNULL,
                 stderr=err,

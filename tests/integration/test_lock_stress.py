@@ -1,6 +1,6 @@
 """The Hudi RFC-91 review's stress test: many contenders across processes, never two holders.
 
-Contenders are asyncio tasks spread over several ``_lock_worker stress`` processes on one local store.
+Contenders are asyncio tasks spread over several ``lock_worker stress`` processes on one local store.
 The observer does not trust the lock: every holder logs its hold (owner, epoch, wall-clock start and
 end, written while still holding) and creates an O_EXCL marker file inside its critical section, which a
 second concurrent holder would find already there. The observer then checks that no two holds overlap
@@ -53,7 +53,7 @@ def run_stress(tmp_path: Path, *, processes: int, per_process: int, settings: di
             with open(out / f"stderr-{p}.txt", "wb") as err:
                 procs.append(
                     subprocess.Popen(
-                        [sys.executable, "-m", "tests.integration._lock_worker", json.dumps(cfg)],
+                        [sys.executable, "-m", "tests._support.lock_worker", json.dumps(cfg)],
                         cwd=REPO,
                         stdout=subprocess.DEVNULL,
                         stderr=err,

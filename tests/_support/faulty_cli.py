@@ -1,4 +1,4 @@
-"""``CF_TEST_FAULT=... python -m tests.fleet._faulty worker|coordinator ...``: the real CLI, a bug planted.
+"""``CF_TEST_FAULT=... python -m tests._support.faulty_cli worker|coordinator ...``: a planted bug.
 
 A test's way to make a real fleet process hit an unexpected error, without
 any hook in the product: this launcher patches one method and then runs the

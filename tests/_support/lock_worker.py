@@ -1,6 +1,6 @@
 """A lock contender in its own process, for the multi-process lock tests.
 
-Run as ``python -m tests.integration._lock_worker '<json>'`` from the repository root. The JSON says
+Run as ``python -m tests._support.lock_worker '<json>'`` from the repository root. The JSON says
 which ``mode`` to run and where (``root``: a local store directory shared by every process):
 
 ``hold``
