@@ -10,69 +10,37 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis.asyncio
 
-from coordinator import Coordinator
 from shared import BadInput, Fenced, Settings
 from shared.events import WorkerLeft
 from shared.fleet import FleetRegistry, ProcessCrashed
-from shared.queue import AsyncPublisher, Keys, shard_of
-from shared.storage import ObjectStore, open_store
-from tests._support.fleet import fleet_settings
-from tests._support.fleet_checks import admin_events, committed
+from shared.queue import Keys
+from tests._support.fleet import InProcessFleet, fleet_settings, inprocess_fleet
+from tests._support.fleet_checks import committed
 from tests._support.fleet_jobs import good_job
+from tests._support.routing import dataset_on
 from tests._support.wait import wait_for
-from workers import Worker
 from workers._shard import ShardRunner
 
 SHARDS = 4
 
 
-@dataclass
-class Rig:
-    settings: Settings
-    store: ObjectStore
-    redis: redis.asyncio.Redis
-    worker: Worker
-    task: asyncio.Task[None]
-    publisher: AsyncPublisher
-
-    async def left(self) -> list[WorkerLeft]:
-        evs = await admin_events(self.redis, self.settings.fleet.name)
-        return [e for e in evs if isinstance(e, WorkerLeft) and e.worker == self.worker.worker_id]
-
-    async def owns_all(self) -> bool:
-        return self.worker.running_shards == frozenset(range(SHARDS))
+def _settings(redis_url: str, fleet: str, tmp: Path) -> Settings:
+    return fleet_settings(redis_url, tmp / "store", fleet, shards=SHARDS)
 
 
-@asynccontextmanager
-async def rig(redis_url: str, redis_client: redis.asyncio.Redis, fleet: str, tmp: Path) -> AsyncIterator[Rig]:
-    """A coordinator and worker ``w1`` running in this process until the block ends."""
-    settings = fleet_settings(redis_url, tmp / "store", fleet, shards=SHARDS)
-    coord = Coordinator(settings, coordinator_id="c1")
-    worker = Worker(settings, worker_id="w1")
-    async with open_store(settings.store.url, settings.store) as store:
-        ctask = asyncio.create_task(coord.run())
-        wtask = asyncio.create_task(worker.run())
-        try:
-            pub = AsyncPublisher(redis_client, fleet, SHARDS)
-            yield Rig(settings, store, redis_client, worker, wtask, pub)
-        finally:
-            worker.shutdown()
-            coord.shutdown()
-            await asyncio.wait([wtask, ctask], timeout=60)
-            assert ctask.done() and not ctask.cancelled() and ctask.exception() is None
+async def _left(fleet: InProcessFleet) -> list[WorkerLeft]:
+    evs = await fleet.admin_events()
+    return [e for e in evs if isinstance(e, WorkerLeft) and e.worker == fleet.worker.worker_id]
 
 
-def dataset_on(shard: int, prefix: str) -> str:
-    return next(f"{prefix}{i}" for i in range(10_000) if shard_of(f"{prefix}{i}", SHARDS) == shard)
+async def _owns_all(fleet: InProcessFleet) -> bool:
+    return fleet.worker.running_shards == frozenset(range(SHARDS))
 
 
 async def test_expected_errors_end_one_shard_which_starts_again_later(
@@ -106,12 +74,14 @@ async def test_expected_errors_end_one_shard_which_starts_again_later(
     monkeypatch.setattr(ShardRunner, "_tick", tick)
     monkeypatch.setattr(ShardRunner, "run", run)
     caplog.set_level(logging.INFO, logger="workers")
-    async with rig(redis_url, redis_client, fleet_name, tmp_path) as r:
+    async with inprocess_fleet(
+        redis_client, _settings(redis_url, fleet_name, tmp_path), ensure=False, workers_may_fail=True
+    ) as r:
         await wait_for(lambda: _all_planted(planted), timeout=30, what="every fault hit")
         t0 = time.monotonic()
-        await wait_for(r.owns_all, timeout=30, what="every shard running again")
+        await wait_for(lambda: _owns_all(r), timeout=30, what="every shard running again")
         assert time.monotonic() - t0 < 10
-        assert not r.task.done()
+        assert not r.worker_task.done()
         messages = [(rec.getMessage(), getattr(rec, "fields", {})) for rec in caplog.records]
         failed = [f for m, f in messages if m == "shard runner failed; starting it again later"]
         assert [f["shard"] for f in failed] == [0] and 1.0 <= failed[0]["retry_in"] <= 2.0, failed
@@ -122,11 +92,11 @@ async def test_expected_errors_end_one_shard_which_starts_again_later(
         assert on_own == [2]
         assert not [rec for rec in caplog.records if rec.levelno >= logging.CRITICAL]
         # Every shard commits, the ones that failed included.
-        datasets = [dataset_on(s, "d") for s in range(SHARDS)]
+        datasets = [dataset_on(s, SHARDS, "d") for s in range(SHARDS)]
         await r.publisher.publish_many(await good_job(r.store, "j1", datasets, tasks=1))
         await wait_for(lambda: committed(r.store, datasets, "j1"), timeout=60, what="j1 commits everywhere")
-    assert r.task.exception() is None
-    assert [e.reason for e in await r.left()] == ["shutdown"]
+    assert r.worker_task.exception() is None
+    assert [e.reason for e in await _left(r)] == ["shutdown"]
 
 
 async def _all_planted(planted: dict[int, int]) -> bool:
@@ -160,16 +130,18 @@ async def test_a_bug_anywhere_in_the_worker_ends_it_at_once(
 
         monkeypatch.setattr(FleetRegistry, "renew", renew)
     caplog.set_level(logging.INFO)
-    async with rig(redis_url, redis_client, fleet_name, tmp_path) as r:
-        await wait_for(r.owns_all, timeout=30, what="w1 runs every shard")
+    async with inprocess_fleet(
+        redis_client, _settings(redis_url, fleet_name, tmp_path), ensure=False, workers_may_fail=True
+    ) as r:
+        await wait_for(lambda: _owns_all(r), timeout=30, what="w1 runs every shard")
         armed.set()
         if where == "action":
             await r.publisher.publish_many(await good_job(r.store, "j1", ["a"], tasks=1))
         t0 = time.monotonic()
-        await asyncio.wait([r.task], timeout=30)
-        assert r.task.done(), "the worker did not end"
+        await asyncio.wait([r.worker_task], timeout=30)
+        assert r.worker_task.done(), "the worker did not end"
         assert time.monotonic() - t0 < 5
-        error = r.task.exception()
+        error = r.worker_task.exception()
         assert isinstance(error, ProcessCrashed), error
         crit = [rec for rec in caplog.records if rec.levelno == logging.CRITICAL]
         assert len(crit) == 1, [rec.getMessage() for rec in crit]
@@ -178,7 +150,7 @@ async def test_a_bug_anywhere_in_the_worker_ends_it_at_once(
         assert isinstance(crit[0].exc_info[1], planted)
         assert ("shard" if where == "action" else "heartbeat") in crit[0].getMessage()
         assert isinstance(error.__cause__, planted)
-        assert [e.reason for e in await r.left()] == ["crashed"]
+        assert [e.reason for e in await _left(r)] == ["crashed"]
         live, _dead = await FleetRegistry(r.redis, Keys(fleet_name)).members()
         assert "w1" not in live
         assert r.worker.running_shards == frozenset()
