@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from coordinator import Coordinator
 from coordinator._status import get_status
 from shared import ConfigError, RetryPolicy, Settings, TransientError, load_settings
 from shared._settings import RedisSettings
@@ -27,13 +26,11 @@ from shared.queue import (
     ensure_fleet,
     wait_replicated,
 )
-from shared.storage import open_store
-from tests._support.fleet import fleet_settings
+from tests._support.fleet import fleet_settings, inprocess_fleet
 from tests._support.fleet_checks import admin_events, clean_audit, committed, no_wal_left
 from tests._support.fleet_jobs import good_job
 from tests._support.ports import free_port
 from tests._support.wait import wait_for
-from workers import Worker
 
 
 def cluster_settings(url: str, root: Path, fleet: str) -> Settings:
@@ -45,34 +42,27 @@ async def test_publish_and_commit_through_a_cluster(
 ) -> None:
     settings = cluster_settings(redis_cluster_url, tmp_path / "store", fleet_name)
     client = connect(settings.redis)
-    coord = Coordinator(settings, coordinator_id="c1")
-    worker = Worker(settings, worker_id="w1")
     try:
-        async with open_store(settings.store.url, settings.store) as store, asyncio.TaskGroup() as tg:
-            tasks = [tg.create_task(x.run()) for x in (coord, worker)]
-            try:
-                await ensure_fleet(client, fleet_name, settings.fleet.shards)
-                pub = AsyncPublisher(client, fleet_name, settings.fleet.shards)
-                datasets = [f"ds{i}" for i in range(4)]
-                await pub.publish_many(await good_job(store, "job-ok", datasets, tasks=2))
-                await wait_for(lambda: committed(store, datasets, "job-ok"), timeout=30, what="commits")
+        async with inprocess_fleet(client, settings, ensure=False) as fleet:
+            store = fleet.store
+            await ensure_fleet(client, fleet_name, settings.fleet.shards)
+            pub = AsyncPublisher(client, fleet_name, settings.fleet.shards)
+            datasets = [f"ds{i}" for i in range(4)]
+            await pub.publish_many(await good_job(store, "job-ok", datasets, tasks=2))
+            await wait_for(lambda: committed(store, datasets, "job-ok"), timeout=30, what="commits")
 
-                async def four_committed() -> bool:
-                    evs = await admin_events(client, fleet_name)
-                    return sum(isinstance(e, Committed) for e in evs) == 4
-
-                await wait_for(four_committed, timeout=20, what="4 committed events")
-                await wait_for(lambda: no_wal_left(store), timeout=20, what="commit sequences finished")
-                report = await clean_audit(store)
-                assert report.ok, report.violations
+            async def four_committed() -> bool:
                 evs = await admin_events(client, fleet_name)
-                assert any(isinstance(e, WorkerJoined) and e.worker == "w1" for e in evs)
-                status = await get_status(settings)  # the CLI's status, through the cluster
-                assert status["fleet"] == fleet_name, status
-            finally:
-                worker.shutdown()
-                coord.shutdown()
-            await asyncio.gather(*tasks)
+                return sum(isinstance(e, Committed) for e in evs) == 4
+
+            await wait_for(four_committed, timeout=20, what="4 committed events")
+            await wait_for(lambda: no_wal_left(store), timeout=20, what="commit sequences finished")
+            report = await clean_audit(store)
+            assert report.ok, report.violations
+            evs = await admin_events(client, fleet_name)
+            assert any(isinstance(e, WorkerJoined) and e.worker == "w1" for e in evs)
+            status = await get_status(settings)  # the CLI's status, through the cluster
+            assert status["fleet"] == fleet_name, status
         assert await client.scard(Keys(fleet_name).workers) == 0
     finally:
         await client.aclose()

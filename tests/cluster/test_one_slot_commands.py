@@ -19,7 +19,6 @@ from pathlib import Path
 import redis
 import redis.asyncio
 
-from coordinator import Coordinator
 from coordinator._status import get_status
 from shared.events import Aborted, Committed, JobCancelled, JobStarted, QueueEvent
 from shared.queue import (
@@ -31,8 +30,8 @@ from shared.queue import (
     ensure_fleet,
     read_outcome_sync,
 )
-from shared.storage import ObjectStore, open_store
-from tests._support.fleet import fleet_settings
+from shared.storage import ObjectStore
+from tests._support.fleet import fleet_settings, inprocess_fleet
 from tests._support.fleet_checks import admin_events, committed
 from tests._support.fleet_jobs import failed_job, good_job, stage_task
 from tests._support.redis_monitor import CommandRecorder, command_keys, cross_slot_violations, parse_line
@@ -84,19 +83,11 @@ async def test_a_fleet_run_never_sends_a_cross_slot_command(
     recorder.start()
     settings = fleet_settings(server.url, tmp_path / "store", fleet_name, shards=8)
     client = connect(settings.redis)
-    coord = Coordinator(settings, coordinator_id="c1")
-    w1, w2 = Worker(settings, worker_id="w1"), Worker(settings, worker_id="w2")
     try:
-        async with open_store(settings.store.url, settings.store) as store, asyncio.TaskGroup() as tg:
-            tasks = [tg.create_task(x.run()) for x in (coord, w1, w2)]
-            try:
-                await ensure_fleet(client, fleet_name, settings.fleet.shards)
-                await _run(client, store, server.url, fleet_name, w2)
-                assert await get_status(settings)
-            finally:
-                for x in (w1, w2, coord):
-                    x.shutdown()
-            await asyncio.gather(*tasks)
+        async with inprocess_fleet(client, settings, workers=("w1", "w2"), ensure=False) as fleet:
+            await ensure_fleet(client, fleet_name, settings.fleet.shards)
+            await _run(client, fleet.store, server.url, fleet_name, fleet.workers[1])
+            assert await get_status(settings)
     finally:
         await client.aclose()
         recorder.stop()
