@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +65,7 @@ class InProcessFleet:
     workers: list[Worker]
     worker_tasks: list[asyncio.Task[None]]
     publisher: AsyncPublisher
+    spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]] = field(repr=False)
 
     @property
     def keys(self) -> Keys:
@@ -91,6 +92,26 @@ class InProcessFleet:
     async def admin_events(self) -> list[AdminEvent]:
         """Return every admin event so far."""
         return [ev for _id, ev in await read_admin_range(self.redis, self.keys)]
+
+    def start_worker(self, worker_id: str) -> tuple[Worker, asyncio.Task[None]]:
+        """Start one more worker (it joins :attr:`workers`); return it and the task running it."""
+        worker = Worker(self.settings, worker_id=worker_id)
+        task = self.spawn(worker.run())
+        self.workers.append(worker)
+        self.worker_tasks.append(task)
+        return worker, task
+
+    async def stop(self, timeout: float | None = None) -> None:
+        """Ask every worker and the coordinator to stop, and wait (at most ``timeout`` s) for them to end.
+
+        Does not raise what a process raised (the task group, or the test, sees
+        it). The block's end calls it; a test that checks what is left once
+        nothing runs calls it first.
+        """
+        for w in self.workers:
+            w.shutdown()
+        self.coordinator.shutdown()
+        await asyncio.wait([*self.worker_tasks, self.coordinator_task], timeout=timeout)
 
 
 @asynccontextmanager
@@ -133,17 +154,12 @@ async def inprocess_fleet(
             spawn = (await stack.enter_async_context(asyncio.TaskGroup())).create_task
         coord_task = spawn(coord.run())
         worker_tasks = [spawn(w.run()) for w in members]
+        fleet = InProcessFleet(
+            settings, store, redis_client, coord, coord_task, members, worker_tasks, publisher, spawn
+        )
         try:
-            yield InProcessFleet(
-                settings, store, redis_client, coord, coord_task, members, worker_tasks, publisher
-            )
+            yield fleet
         finally:
-            for w in members:
-                w.shutdown()
-            coord.shutdown()
-            if workers_may_fail:
-                await asyncio.wait([*worker_tasks, coord_task], timeout=60)
-            else:
-                await asyncio.wait([*worker_tasks, coord_task])
+            await fleet.stop(timeout=60 if workers_may_fail else None)
         if workers_may_fail:
             assert coord_task.done() and not coord_task.cancelled() and coord_task.exception() is None

@@ -17,18 +17,15 @@ from pathlib import Path
 import pytest
 import redis.asyncio
 
-from coordinator import Coordinator
 from coordinator._cli_ops import operator_request
 from shared.events import Aborted, Committed, Quarantined
-from shared.queue import AdminPublisher, AsyncPublisher, Keys, ensure_fleet, read_admin_range
-from shared.storage import open_store
+from shared.queue import AdminPublisher, Keys, read_admin_range
 from tests._support.checkpoints import PauseFirst, install_checkpoint
 from tests._support.fleet import fleet_settings, inprocess_fleet
 from tests._support.fleet_checks import admin_events, clean_audit, committed, no_staging_left, no_wal_left
 from tests._support.fleet_jobs import corrupted_job, failed_job, good_job
 from tests._support.process_fleet import Fleet
 from tests._support.wait import wait_for
-from workers import Worker
 
 DATASETS = ["ds-a", "ds-b", "ds-c"]
 
@@ -50,48 +47,39 @@ async def test_one_outcome_event_per_dataset_whatever_point_the_worker_dies_at(
     install_checkpoint(monkeypatch, freeze)
     aborting = point.startswith("abort.")
     job = "job-x"
-    await ensure_fleet(redis_client, fleet_name, settings.fleet.shards)
-    coord = Coordinator(settings, coordinator_id="c1")
-    first = Worker(settings, worker_id="w1")
-    second = Worker(settings, worker_id="w2")
-    async with open_store(settings.store.url, settings.store) as store, asyncio.TaskGroup() as tg:
-        coord_task = tg.create_task(coord.run())
-        first_task = tg.create_task(first.run())
+    async with inprocess_fleet(redis_client, settings) as fleet:
+        store = fleet.store
+        first, first_task = fleet.worker, fleet.worker_task
+        make = failed_job if aborting else good_job
+        await fleet.publisher.publish_many(await make(store, job, DATASETS, 2))
+        await asyncio.wait_for(freeze.paused.wait(), 30)
+        # The first worker dies at the point: its work there is cancelled, nothing after it runs.
+        first.shutdown()
+        await asyncio.wait_for(first_task, 30)
+        second, second_task = fleet.start_worker("w2")
         try:
-            pub = AsyncPublisher(redis_client, fleet_name, settings.fleet.shards)
-            make = failed_job if aborting else good_job
-            await pub.publish_many(await make(store, job, DATASETS, 2))
-            await asyncio.wait_for(freeze.paused.wait(), 30)
-            # The first worker dies at the point: its work there is cancelled, nothing after it runs.
-            first.shutdown()
-            await asyncio.wait_for(first_task, 30)
-            second_task = tg.create_task(second.run())
-            try:
 
-                async def all_done() -> bool:
-                    if aborting:
-                        return await no_staging_left(store, job) and await _outcomes_at_least(
-                            redis_client, fleet_name, len(DATASETS)
-                        )
-                    return (
-                        await committed(store, DATASETS, job)
-                        and await no_wal_left(store)
-                        and await _outcomes_at_least(redis_client, fleet_name, len(DATASETS))
+            async def all_done() -> bool:
+                if aborting:
+                    return await no_staging_left(store, job) and await _outcomes_at_least(
+                        redis_client, fleet_name, len(DATASETS)
                     )
-
-                await wait_for(all_done, timeout=60, what="the second worker finished every dataset")
-                await wait_for(
-                    lambda: _job_ended(redis_client, fleet_name, settings.fleet.shards, job),
-                    timeout=30,
-                    what="the job's state ended (every status saved)",
+                return (
+                    await committed(store, DATASETS, job)
+                    and await no_wal_left(store)
+                    and await _outcomes_at_least(redis_client, fleet_name, len(DATASETS))
                 )
-            finally:
-                second.shutdown()
-            await asyncio.wait_for(second_task, 30)
+
+            await wait_for(all_done, timeout=60, what="the second worker finished every dataset")
+            await wait_for(
+                lambda: _job_ended(redis_client, fleet_name, settings.fleet.shards, job),
+                timeout=30,
+                what="the job's state ended (every status saved)",
+            )
         finally:
-            first.shutdown()
-            coord.shutdown()
-        await asyncio.wait_for(coord_task, 30)
+            second.shutdown()
+        await asyncio.wait_for(second_task, 30)
+        await asyncio.wait_for(fleet.stop(), 30)
 
         # Nothing runs any more: count.
         evs = await admin_events(redis_client, fleet_name)
