@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from shared._errors import LockLost
+from shared import LockLost
 from shared._settings import LockSettings
 from shared.locks import StorageLock
 from shared.storage._local import LocalStore

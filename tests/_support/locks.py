@@ -7,7 +7,7 @@ The fault-injecting store of those tests is :class:`tests._support.fault_store.F
 
 from __future__ import annotations
 
-from shared._retry import RetryPolicy
+from shared import RetryPolicy
 from shared._settings import LockSettings
 from shared.locks import LockRecord, StorageLock, lock_key, read_lock
 from shared.locks._state import decode_record

@@ -12,7 +12,7 @@ import hashlib
 
 import pytest
 
-from shared._errors import NotFound, PreconditionFailed
+from shared import NotFound, PreconditionFailed
 from shared.storage import ObjectStore
 from tests._support.emulators import MakeTarget, StoreTarget
 from tests._support.uploads import upload_without_md5

@@ -8,7 +8,7 @@ import asyncio
 import msgspec
 import pytest
 
-from shared._errors import BadInput, Fenced, LockLost, NotFound
+from shared import BadInput, Fenced, LockLost, NotFound
 from shared.commit import (
     abort_dataset,
     audit,

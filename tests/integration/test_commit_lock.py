@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from shared._errors import LockLost, OutcomeUnknown, TransientError
+from shared import LockLost, OutcomeUnknown, TransientError
 from shared._settings import LockSettings
 from shared.commit import commit_dataset, read_manifest
 from shared.locks import StorageLock

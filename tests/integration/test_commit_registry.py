@@ -7,7 +7,7 @@ import secrets
 import msgspec
 import pytest
 
-from shared._errors import NotFound, PreconditionFailed, TransientError
+from shared import NotFound, PreconditionFailed, TransientError
 from shared.commit import (
     DEFAULT_REGISTRY,
     CommitStep,

@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from shared._errors import LockLost
-from shared._retry import RetryPolicy
+from shared import LockLost, RetryPolicy
 from shared._settings import LockSettings
 from shared.locks import StorageLock, read_lock
 from shared.locks._lock import Clock

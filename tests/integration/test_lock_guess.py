@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from shared._errors import OutcomeUnknown
+from shared import OutcomeUnknown
 from shared.locks import read_lock
 from shared.locks._io import SEEN
 from shared.storage._counting import CountingStore

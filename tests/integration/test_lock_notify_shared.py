@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import redis.asyncio
 
+from shared import RetryPolicy
 from shared._aio import cancel_until_done
-from shared._retry import RetryPolicy
 from shared._settings import LockSettings
 from shared.locks import SharedReleaseNotifier, StorageLock
 from shared.storage import ObjectStore

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from shared._errors import (
+from shared import (
     BadInput,
     ConfigError,
     Fenced,

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hyp_settings
 from hypothesis import strategies as st
 
-from shared._errors import Fenced
+from shared import Fenced
 from shared._settings import StoreSettings
 from shared.commit import _catalog as catalog_step
 from shared.commit import abort_dataset, audit, commit_dataset, list_unfinished, recover_dataset
