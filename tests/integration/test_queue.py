@@ -38,6 +38,7 @@ from shared.queue import (
     split_by_shard,
 )
 from shared.queue._entry import entries_from_reply
+from tests._support.routing import datasets_on
 
 SHARDS = 4
 LIMITS = ValidationLimits()
@@ -62,12 +63,6 @@ def task(dataset: str, index: int, attempt: int = 0, job: str = "job-1") -> Task
         files=[StagedFile(path=f"part-{index}.parquet", size=10 + index)],
         finished_at=1.0,
     )
-
-
-def names_on(shard: int, n: int, shards: int = SHARDS) -> list[str]:
-    """Return ``n`` dataset names that live on ``shard``."""
-    out = [f"ds{i}" for i in range(1000) if shard_of(f"ds{i}", shards) == shard]
-    return out[:n]
 
 
 async def consumer(client: redis.asyncio.Redis, fleet: str, shard: int, name: str) -> ShardConsumer:
@@ -130,7 +125,7 @@ async def test_publish_routes_every_copy_to_its_shard_and_consumers_read_and_ack
 async def test_publish_many_keeps_order_per_shard_across_batches(
     client: redis.asyncio.Redis, fleet_name: str
 ) -> None:
-    datasets = names_on(0, 2) + names_on(1, 1)
+    datasets = datasets_on(0, SHARDS, 2) + datasets_on(1, SHARDS, 1)
     evs = [task(datasets[i % 3], i) for i in range(600)]
     pub = AsyncPublisher(client, fleet_name, SHARDS, policy=FAST)
     ids = await pub.publish_many(evs, batch=64)
@@ -144,7 +139,7 @@ async def test_publish_many_keeps_order_per_shard_across_batches(
 
 async def test_signed_messages_carry_a_valid_signature(client: redis.asyncio.Redis, fleet_name: str) -> None:
     pub = AsyncPublisher(client, fleet_name, SHARDS, secret="s3cret", policy=FAST)
-    ev = task(names_on(2, 1)[0], 0)
+    ev = task(datasets_on(2, SHARDS, 1)[0], 0)
     await pub.publish(ev)
     c = await consumer(client, fleet_name, 2, "w1")
     (entry,) = await c.read(10, 10)
@@ -159,7 +154,7 @@ async def test_signed_messages_carry_a_valid_signature(client: redis.asyncio.Red
 async def test_restarted_consumer_rereads_its_own_pending_entries_first(
     client: redis.asyncio.Redis, fleet_name: str
 ) -> None:
-    ds = names_on(0, 1)[0]
+    ds = datasets_on(0, SHARDS, 1)[0]
     pub = AsyncPublisher(client, fleet_name, SHARDS, policy=FAST)
     await pub.publish_many([task(ds, i) for i in range(5)])
     first = await consumer(client, fleet_name, 0, "w1")
@@ -186,7 +181,7 @@ async def test_restarted_consumer_rereads_its_own_pending_entries_first(
 async def test_claim_from_takes_only_dead_consumers_entries(
     client: redis.asyncio.Redis, fleet_name: str
 ) -> None:
-    ds = names_on(3, 1)[0]
+    ds = datasets_on(3, SHARDS, 1)[0]
     pub = AsyncPublisher(client, fleet_name, SHARDS, policy=FAST)
     await pub.publish_many([task(ds, i) for i in range(7)])
     dead = await consumer(client, fleet_name, 3, "dead")

@@ -16,27 +16,16 @@ import pytest
 import redis.asyncio
 
 from coordinator._wait import EXIT_FORGOTTEN, exit_code, outcome_rows
-from shared.queue import DatasetResult, Keys, ensure_fleet, read_outcome, shard_of
+from shared.queue import DatasetResult, Keys, ensure_fleet, read_outcome
 from shared.queue._job_outcome import ResultStatus
 from shared.spark import OutcomeForgotten, ProducerConfig
 from shared.spark._outcome import wait_for_outcome
+from tests._support.routing import datasets_on
 from workers._jobstate import Ended, ShardJobs
 from workers._state_store import RESULTS_INDEX, Batch, ShardStateStore
 
 SHARDS = 4
 CAP = 5
-
-
-def _on_shard(shard: int, n: int, prefix: str = "ds") -> list[str]:
-    """Return ``n`` dataset names that live on ``shard`` (of SHARDS)."""
-    out: list[str] = []
-    i = 0
-    while len(out) < n:
-        name = f"{prefix}{i:04d}"
-        if shard_of(name, SHARDS) == shard:
-            out.append(name)
-        i += 1
-    return out
 
 
 async def _store(r: redis.asyncio.Redis, keys: Keys, shard: int) -> ShardStateStore:
@@ -71,7 +60,7 @@ async def test_results_beyond_the_cap_are_forgotten_oldest_first(
     keys = Keys(fleet_name)
     shard = 1
     store = await _store(redis_client, keys, shard)
-    names = _on_shard(shard, 12)
+    names = datasets_on(shard, SHARDS, 12, width=4)
     jobs = [f"job-{i}" for i in range(4)]
     for i, job in enumerate(jobs):
         await _end_job(store, job, names[3 * i : 3 * i + 3])
@@ -90,7 +79,7 @@ async def test_a_rewritten_result_counts_as_new_and_stale_index_entries_are_drop
     shard = 2
     store = await _store(redis_client, keys, shard)
     index = keys.shard_state(shard, RESULTS_INDEX)
-    a, *others = _on_shard(shard, 6)
+    a, *others = datasets_on(shard, SHARDS, 6, width=4)
     await _end_job(store, "job-a", [a], status="quarantined")
     await _end_job(store, "job-b", others[:3])
     await _end_job(store, "job-a", [a])  # the operator's retry committed it: written again, now the newest
@@ -113,11 +102,13 @@ async def test_a_forgotten_result_is_reported_at_once_not_waited_for(
     await ensure_fleet(redis_client, fleet_name, SHARDS)
     shard = 3
     store = await _store(redis_client, keys, shard)
-    old = _on_shard(shard, 2, prefix="old")
+    old = datasets_on(shard, SHARDS, 2, prefix="old", width=4)
     await _end_job(store, "job-old", old)
-    new = _on_shard(shard, CAP, prefix="new")
+    new = datasets_on(shard, SHARDS, CAP, prefix="new", width=4)
     await _end_job(store, "job-new", new)  # pushes both of job-old's results out
-    open_ds = _on_shard(shard, 1, prefix="open")  # a job still open there: no result yet, not ended
+    open_ds = datasets_on(
+        shard, SHARDS, 1, prefix="open", width=4
+    )  # a job still open there: no result yet, not ended
 
     outcome = await read_outcome(redis_client, keys, SHARDS, "job-old", old)
     assert outcome.results == {} and outcome.missing == () and outcome.forgotten == tuple(old)
