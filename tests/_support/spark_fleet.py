@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import io
+import secrets
 import sys
 import time
 from collections.abc import AsyncIterator, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -23,7 +26,7 @@ import pytest
 import redis
 import redis.asyncio
 
-from coordinator._procs import FleetProcess
+from coordinator._procs import FleetProcess, fleet_processes, write_config
 from shared import Settings
 from shared.commit import ManifestFile, audit, read_manifest, read_watermarks
 from shared.events import (
@@ -39,9 +42,10 @@ from shared.events import (
     staged_key,
 )
 from shared.fleet import FleetRegistry
-from shared.queue import Keys
+from shared.queue import Keys, connect_sync, ensure_fleet_sync
 from shared.spark import ProducerConfig, TaskResult, commit_job, max_watermark
 from shared.storage import ObjectStore, open_store
+from tests._support.fleet import fleet_settings
 from tests._support.fleet_checks import admin_events
 from tests._support.wait import wait_for
 
@@ -66,6 +70,40 @@ class E2EFleet:
 
     def logs(self) -> str:
         return "".join(f"\n===== {p.name} ({p.kind}) =====\n{p.output()[-6000:]}" for p in self.procs)
+
+
+@contextmanager
+def run_e2e_fleet(base: Path, redis_url: str, *, app: str, **overrides: Any) -> Iterator[E2EFleet]:
+    """Start a coordinator and two workers on ``redis_url`` and a store under ``base`` (not waiting
+    for them: Spark starts meanwhile); kill them when the block ends.
+
+    ``overrides`` are more settings (see ``fleet_settings``); messages are signed
+    with :data:`SECRET`, acknowledged entries are kept (tests read the events of
+    their jobs back from the streams).
+    """
+    (base / "store").mkdir()
+    logs = base / "logs"
+    logs.mkdir()
+    settings = fleet_settings(
+        redis_url,
+        base / "store",
+        "e2e" + secrets.token_hex(4),
+        shards=SHARDS,
+        security={"hmac_secret": SECRET},
+        queue={"trim_interval": 0.0},
+        **overrides,
+    )
+    config = write_config(settings, base / "fleet.toml")
+    client = connect_sync(settings.redis)
+    try:
+        ensure_fleet_sync(client, settings.fleet.name, SHARDS)
+    finally:
+        client.close()
+    producer = ProducerConfig.from_settings(settings, job_timeout=120.0, app=app)
+    with fleet_processes(logs) as procs:
+        procs.append(FleetProcess("coordinator", "c1", config, logs))
+        procs.extend(FleetProcess("worker", w, config, logs) for w in sorted(WORKERS))
+        yield E2EFleet(settings, producer, procs)
 
 
 @pytest.fixture(name="store")

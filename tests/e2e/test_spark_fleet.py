@@ -24,7 +24,6 @@ import pytest
 import redis
 import redis.asyncio
 
-from coordinator._procs import FleetProcess, fleet_processes, write_config
 from shared.commit import audit, read_manifest
 from shared.events import (
     Aborted,
@@ -40,22 +39,21 @@ from shared.events import (
     staged_key,
     staging_prefix,
 )
-from shared.queue import ensure_fleet_sync, shard_of
-from shared.spark import ProducerConfig, commit_job
+from shared.queue import shard_of
+from shared.spark import commit_job
 from shared.storage import ObjectStore
-from tests._support.fleet import fleet_settings
 from tests._support.fleet_checks import admin_events
 from tests._support.redis_server import RedisHandle
 from tests._support.spark import spark_session_fixture
 from tests._support.spark_fleet import (  # noqa: F401 - the store and fleet fixtures
     ROWS,
-    SECRET,
     SHARDS,
     WORKERS,
     E2EFleet,
     e2e_store,
     events_of,
     keys_under,
+    run_e2e_fleet,
     settled_fleet,
     tagged_rows,
     three_datasets_commit_exactly_once,
@@ -70,30 +68,8 @@ spark = spark_session_fixture("test-e2e-spark-fleet", master="local[2,2]")
 @pytest.fixture(scope="module")
 def e2e(redis_server: RedisHandle, tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2EFleet]:
     """Start a coordinator and two workers (not waiting for them: Spark starts meanwhile)."""
-    base = tmp_path_factory.mktemp("e2e-fleet")
-    (base / "store").mkdir()
-    logs = base / "logs"
-    logs.mkdir()
-    settings = fleet_settings(
-        redis_server.url,
-        base / "store",
-        "e2e" + secrets.token_hex(4),
-        shards=SHARDS,
-        security={"hmac_secret": SECRET},
-        # Keep acknowledged entries: tests read the events of their jobs back from the streams.
-        queue={"trim_interval": 0.0},
-    )
-    config = write_config(settings, base / "fleet.toml")
-    client = redis.Redis.from_url(settings.redis.url)
-    try:
-        ensure_fleet_sync(client, settings.fleet.name, SHARDS)
-    finally:
-        client.close()
-    producer = ProducerConfig.from_settings(settings, job_timeout=120.0, app="e2e")
-    with fleet_processes(logs) as procs:
-        procs.append(FleetProcess("coordinator", "c1", config, logs))
-        procs.extend(FleetProcess("worker", w, config, logs) for w in sorted(WORKERS))
-        yield E2EFleet(settings, producer, procs)
+    with run_e2e_fleet(tmp_path_factory.mktemp("e2e-fleet"), redis_server.url, app="e2e") as fleet:
+        yield fleet
 
 
 @pytest.fixture

@@ -8,27 +8,21 @@ cluster (``redis+cluster://`` URL).
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
 import redis.asyncio
 
-from coordinator._procs import FleetProcess, fleet_processes, write_config
 from shared._settings import RedisSettings
-from shared.queue import connect, connect_sync, ensure_fleet_sync
-from shared.spark import ProducerConfig
+from shared.queue import connect
 from shared.storage import ObjectStore
-from tests._support.fleet import fleet_settings
 from tests._support.redis_cluster import LocalRedisCluster
 from tests._support.spark import spark_session_fixture
 from tests._support.spark_fleet import (  # noqa: F401 - the store and fleet fixtures
-    SECRET,
-    SHARDS,
-    WORKERS,
     E2EFleet,
     e2e_store,
+    run_e2e_fleet,
     settled_fleet,
     three_datasets_commit_exactly_once,
 )
@@ -42,30 +36,10 @@ spark = spark_session_fixture("test-e2e-spark-fleet", master="local[2,2]")
 def e2e(redis_cluster: LocalRedisCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2EFleet]:
     """The e2e fleet of test_spark_fleet.py, on the cluster."""
     base = tmp_path_factory.mktemp("e2e-fleet-cluster")
-    (base / "store").mkdir()
-    logs = base / "logs"
-    logs.mkdir()
-    settings = fleet_settings(
-        redis_cluster.url,
-        base / "store",
-        "e2e" + secrets.token_hex(4),
-        shards=SHARDS,
-        security={"hmac_secret": SECRET},
-        queue={"trim_interval": 0.0},
-        redis={"wait_replicas": 1},
-    )
-    config = write_config(settings, base / "fleet.toml")
-    client = connect_sync(settings.redis)
-    try:
-        ensure_fleet_sync(client, settings.fleet.name, SHARDS)
-    finally:
-        client.close()
-    producer = ProducerConfig.from_settings(settings, job_timeout=120.0, app="e2e-cluster")
-    assert producer.redis_url.startswith("redis+cluster://") and producer.redis_wait_replicas == 1
-    with fleet_processes(logs) as procs:
-        procs.append(FleetProcess("coordinator", "c1", config, logs))
-        procs.extend(FleetProcess("worker", w, config, logs) for w in sorted(WORKERS))
-        yield E2EFleet(settings, producer, procs)
+    with run_e2e_fleet(base, redis_cluster.url, app="e2e-cluster", redis={"wait_replicas": 1}) as fleet:
+        producer = fleet.producer
+        assert producer.redis_url.startswith("redis+cluster://") and producer.redis_wait_replicas == 1
+        yield fleet
 
 
 @pytest.fixture
