@@ -31,7 +31,7 @@ from .._errors import (
     PreconditionFailed,
 )
 from .._retry import RetryPolicy
-from .._settings import LockSettings
+from ..settings import LockSettings
 from ..storage import ObjectStore
 from ._held import HeldLease
 from ._io import (
