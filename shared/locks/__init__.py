@@ -8,7 +8,7 @@ displays. See docs/locks.md for the protocol.
 """
 
 from ._lease import Lease
-from ._lock import HeldLease, StorageLock, default_owner, read_lock, run_shielded
+from ._lock import HeldLease, StorageLock, default_owner, read_lock
 from ._notify import RedisReleaseNotifier, ReleaseNotifier, SharedReleaseNotifier
 from ._state import LockRecord, held_until, is_held, lock_key
 
@@ -25,5 +25,4 @@ __all__ = [
     "is_held",
     "lock_key",
     "read_lock",
-    "run_shielded",
 ]

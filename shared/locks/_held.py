@@ -15,10 +15,10 @@ import logging
 from types import TracebackType
 from typing import TYPE_CHECKING, Final
 
-from .._aio import cancel_until_done
+from .._aio import cancel_until_done, run_shielded
 from .._errors import Fenced, LockLost, NotFound, OutcomeUnknown, PreconditionFailed, TransientError
 from .._retry import retry
-from ._io import READ_AGAIN, RELEASES, SEEN, new_nonce, observe, run_shielded
+from ._io import READ_AGAIN, RELEASES, SEEN, new_nonce, observe
 from ._renew import Renewals
 from ._state import (
     LockRecord,

@@ -25,6 +25,7 @@ import random
 import time
 from collections.abc import AsyncIterator
 
+from .._aio import run_shielded
 from .._errors import (
     ConfigError,
     LockTimeout,
@@ -44,7 +45,6 @@ from ._io import (
     new_nonce,
     observe,
     read_lock,
-    run_shielded,
     wait_for_release,
 )
 from ._notify import ReleaseNotifier
@@ -423,4 +423,4 @@ class StorageLock:
             log.warning("lock %s: could not settle an abandoned claim (%r); it will expire", self._name, exc)
 
 
-__all__ = ["Clock", "HeldLease", "StorageLock", "default_owner", "read_lock", "run_shielded"]
+__all__ = ["Clock", "HeldLease", "StorageLock", "default_owner", "read_lock"]
