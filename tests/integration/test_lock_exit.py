@@ -17,8 +17,7 @@ import pytest
 
 from shared._errors import LockLost
 from shared._retry import RetryPolicy
-from shared.locks import StorageLock, read_lock
-from shared.locks._lock import Clock
+from shared.locks import Clock, StorageLock, read_lock
 from shared.settings import LockSettings
 from shared.storage._local import LocalStore
 
