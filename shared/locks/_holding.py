@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from .._errors import Fenced, LockLost, NotFound, OutcomeUnknown, PreconditionFailed, TransientError
 from .._retry import RetryPolicy
 from ..settings import LockSettings
 from ..storage import ObjectStore
-from ._io import AMBIGUOUS, READ_AGAIN, RELEASES, SEEN, new_nonce, observe
+from ._io import AMBIGUOUS, READ_AGAIN, RELEASES, SEEN, Clock, new_nonce, observe
 from ._notify import ReleaseNotifier
 from ._state import (
     LockRecord,
@@ -49,8 +48,8 @@ class LockHandle:
     name: str
     key: str
     settings: LockSettings
-    clock: Callable[[], float]
-    monotonic: Callable[[], float]
+    clock: Clock
+    monotonic: Clock
     retry: RetryPolicy
     rng: random.Random
     notifier: ReleaseNotifier | None
@@ -59,6 +58,7 @@ class LockHandle:
 class Holding:
     """The holder's view of the lock object during one holding, and its conditional writes.
 
+    ``handle`` is the lock's :class:`LockHandle` (read by the heartbeat too).
     ``closing`` is set once the holding is being released (the heartbeat stops
     renewing); ``superseded`` once a renewal found the lock taken by someone
     else (the release then writes nothing).
