@@ -27,9 +27,9 @@ from rich.console import Console
 
 from shared import Settings, load_settings
 from shared._aio import TaskGroup
-from shared._secret import masked_url
 from shared.events import JobStarted, StagedFile, TaskFinished
 from shared.queue import AsyncPublisher, Keys, ShardConsumer, connect, ensure_fleet, raw_consume_rate
+from shared.settings import masked_url
 from workers import Worker
 
 from ._coordinator import Coordinator

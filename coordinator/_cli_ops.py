@@ -13,7 +13,7 @@ import redis.asyncio
 from rich.console import Console
 
 from shared import BadInput, ConfigError, OutcomeUnknown, Settings, TransientError
-from shared._aio import cancel_until_done
+from shared._aio import cancel_until_done, run_shielded
 from shared.events import (
     AdminEvent,
     OperatorAction,
@@ -66,8 +66,6 @@ async def _stoppable(coro: Coroutine[Any, Any, T], *, limit_s: float | None = No
     Cancelled: the child is cancelled (again, until it has ended), then the
     cancellation propagates.
     """
-    from shared.locks import run_shielded
-
     task = asyncio.ensure_future(coro)
     try:
         done, _ = await asyncio.wait([task], timeout=limit_s)

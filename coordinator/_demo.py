@@ -35,10 +35,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
 from shared import Settings, load_settings
-from shared._secret import masked_url
 from shared.commit import audit, read_manifest, read_watermarks
 from shared.events import AdminEvent
 from shared.queue import Keys, connect, read_admin_range
+from shared.settings import masked_url
 from shared.storage import open_store
 
 from ._procs import FleetProcess, ThrowawayRedis, write_config

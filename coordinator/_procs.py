@@ -176,7 +176,7 @@ def write_config(settings: Settings, path: Path) -> Path:
     """Write ``settings`` as a TOML file the CLI reads with ``--config``."""
     import msgspec
 
-    from shared._secret import secret_enc_hook
+    from shared.settings import secret_enc_hook
 
     # The file is the child processes' only source of their credentials: written
     # in full (the folder is private to the run), never printed.

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import Final
 
 from shared import ConfigError
-from shared._settings import CoordinatorSettings, is_loopback_host
+from shared.settings import CoordinatorSettings, is_loopback_host
 
 SESSION_COOKIE: Final = "commitfleet_session"
 LOOPBACK_NAMES: Final = frozenset({"localhost", "127.0.0.1", "::1"})

@@ -44,7 +44,7 @@ import socket
 import time
 
 from shared import ConfigError, Fenced, Settings, TransientError
-from shared._aio import cancel_until_done
+from shared._aio import cancel_until_done, run_shielded
 from shared._logging import kv
 from shared._nonce import nonce
 from shared.events import ValidationLimits, WorkerJoined, WorkerLeft
@@ -59,7 +59,7 @@ from shared.fleet import (
     wait_until_up,
     worker_info,
 )
-from shared.locks import SharedReleaseNotifier, run_shielded
+from shared.locks import SharedReleaseNotifier
 from shared.queue import AdminPublisher, Keys, connect, join_fleet
 from shared.storage import open_store
 

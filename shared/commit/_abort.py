@@ -7,9 +7,9 @@ from collections.abc import Callable
 from functools import partial
 
 from .._errors import NotFound
-from .._settings import Settings
 from ..events import manifest_key, staging_prefix, wal_key
 from ..locks import Lease
+from ..settings import Settings
 from ..storage import ObjectStore
 from ._execute import commit_policy
 from ._results import AbortResult

@@ -29,8 +29,8 @@ from collections.abc import Callable, Mapping
 from typing import ClassVar, TypeVar
 
 from .._errors import CommitfleetError
-from .._settings import Settings, TableMode
 from ..events import TableBinding, published_key
+from ..settings import Settings, TableMode
 from ._catalog_ops import classify, commit_files, job_snapshot, load_table, open_catalog
 from ._model import CommitRequest
 from ._steps import CommitStep, Phase, StepContext

@@ -9,8 +9,8 @@ from functools import partial
 import msgspec
 
 from .._retry import RetryPolicy
-from .._settings import Settings
 from ..locks import Lease
+from ..settings import Settings
 from ..storage import ObjectInfo, ObjectStore
 from ._bounded import for_each_bounded
 from ._errors import CommitStepFailed

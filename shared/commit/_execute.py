@@ -25,8 +25,8 @@ import time
 from collections.abc import Callable, Mapping
 
 from .._retry import RetryPolicy
-from .._settings import Settings
 from ..locks import Lease
+from ..settings import Settings
 from ..storage import ObjectInfo, ObjectStore
 from ._publish_phase import Progress, describe_step, list_staging, run_publish
 from ._registry import StepRegistry

@@ -12,9 +12,9 @@ from collections.abc import Callable
 from functools import partial
 
 from .._errors import BadInput, Fenced, LinkRefused, NotFound
-from .._settings import Settings
 from ..events import commits_prefix, wal_key
 from ..locks import Lease
+from ..settings import Settings
 from ..storage import ObjectStore
 from ._execute import commit_policy, run_claimed
 from ._model import Manifest

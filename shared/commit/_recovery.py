@@ -11,9 +11,9 @@ from collections.abc import Callable
 
 import msgspec
 
-from .._settings import Settings
 from ..events import wal_prefix
 from ..locks import Lease
+from ..settings import Settings
 from ..storage import ObjectStore
 from ._errors import CommitStepFailed
 from ._execute import commit_policy, run_claimed

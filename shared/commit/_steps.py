@@ -30,9 +30,9 @@ from typing import ClassVar, Literal
 import msgspec
 
 from .._errors import BadInput, NotFound, PreconditionFailed, TransientError
-from .._settings import Settings
 from ..events import manifest_key
 from ..locks import Lease
+from ..settings import Settings
 from ..storage import ObjectInfo, ObjectStore
 from ._bounded import for_each_bounded
 from ._errors import CommitStepFailed

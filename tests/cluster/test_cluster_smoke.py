@@ -15,7 +15,6 @@ import pytest
 from coordinator import Coordinator
 from coordinator._status import get_status
 from shared import ConfigError, RetryPolicy, Settings, TransientError, load_settings
-from shared._settings import RedisSettings
 from shared.events import Committed, JobStarted, WorkerJoined
 from shared.queue import (
     AdminPublisher,
@@ -27,6 +26,7 @@ from shared.queue import (
     ensure_fleet,
     wait_replicated,
 )
+from shared.settings import RedisSettings
 from shared.storage import open_store
 from tests._support.ports import free_port
 from tests._support.wait import wait_for

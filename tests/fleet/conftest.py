@@ -14,9 +14,9 @@ import redis.asyncio
 
 from coordinator._procs import FleetProcess, fleet_processes, write_config
 from shared import Settings
-from shared._secret import secret_enc_hook
 from shared.fleet import FleetRegistry
 from shared.queue import AsyncPublisher, Keys, ensure_fleet
+from shared.settings import secret_enc_hook
 from shared.storage import ObjectStore, open_store
 from tests._support.emulators import MakeTarget
 

@@ -20,9 +20,9 @@ import pytest
 import redis.asyncio
 
 from shared import RetryPolicy
-from shared._settings import RedisSettings
 from shared.events import Aborted, Committed, WorkerJoined
 from shared.queue import AsyncPublisher, Keys, connect, shard_of
+from shared.settings import RedisSettings
 from tests._support.redis_cluster import LocalRedisCluster
 from tests._support.wait import wait_for
 

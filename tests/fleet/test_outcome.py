@@ -136,7 +136,7 @@ async def test_a_driver_finishing_a_job_the_fleet_already_ended_fails_loudly(
         ctx = JobContext(None, "late", (first, second, other_shard), cfg)  # type: ignore[arg-type]
         ctx._expectations = {d: DatasetExpectation(tasks=1, winners=[0]) for d in ctx.datasets}
         with pytest.raises(JobNotCommitted) as info:
-            ctx._publish_finished()
+            ctx._end.publish_finished(ctx.expectations)
         text = str(info.value)
         assert f"{first}: aborted (timed out: no sign of life" in text
         assert f"{other_shard}: aborted (the fleet ended part of the job first)" in text

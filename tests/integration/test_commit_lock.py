@@ -6,9 +6,9 @@ import asyncio
 import contextlib
 
 from shared._errors import LockLost, OutcomeUnknown, TransientError
-from shared._settings import LockSettings
 from shared.commit import commit_dataset, read_manifest
 from shared.locks import StorageLock
+from shared.settings import LockSettings
 from shared.storage import ObjectStore
 from tests.integration.test_commit_support import (
     FaultStore,

@@ -21,7 +21,6 @@ from typing import Self
 import pytest
 
 from shared._errors import LockLost, OutcomeUnknown, Throttled
-from shared._settings import CommitSettings, RetrySettings, Settings
 from shared.commit import (
     CommitRequest,
     StagedFile,
@@ -31,6 +30,7 @@ from shared.commit import (
     read_watermarks,
 )
 from shared.events import published_key, staged_key, wal_prefix
+from shared.settings import CommitSettings, RetrySettings, Settings
 from shared.storage import ObjectData, ObjectInfo, ObjectStore
 
 MUTATING = frozenset({"write", "write_if_absent", "write_if_match", "delete", "copy"})

@@ -17,9 +17,8 @@ import pytest
 
 from shared._errors import LockLost
 from shared._retry import RetryPolicy
-from shared._settings import LockSettings
-from shared.locks import StorageLock, read_lock
-from shared.locks._lock import Clock
+from shared.locks import Clock, StorageLock, read_lock
+from shared.settings import LockSettings
 from shared.storage._local import LocalStore
 
 from .test_lock_semantics import FAST, NAME, Fault, FaultyStore, is_renewal

@@ -30,9 +30,9 @@ from shared._errors import (
     TransientError,
 )
 from shared._retry import RetryPolicy
-from shared._settings import LockSettings
 from shared.locks import HeldLease, Lease, LockRecord, StorageLock, lock_key, read_lock
 from shared.locks._state import decode_record, encode_record
+from shared.settings import LockSettings
 from shared.storage import ObjectData, ObjectInfo, ObjectStore
 from shared.storage._local import LocalStore
 from tests._support.wait import wait_for

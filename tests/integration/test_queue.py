@@ -11,7 +11,6 @@ import pytest
 import redis.asyncio
 
 from shared import ConfigError, RetryPolicy
-from shared._settings import RedisSettings
 from shared.events import (
     DatasetExpectation,
     InvalidMessage,
@@ -38,6 +37,7 @@ from shared.queue import (
     split_by_shard,
 )
 from shared.queue._entry import entries_from_reply
+from shared.settings import RedisSettings
 
 SHARDS = 4
 LIMITS = ValidationLimits()

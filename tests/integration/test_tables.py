@@ -17,10 +17,10 @@ from hypothesis import settings as hyp_settings
 from hypothesis import strategies as st
 
 from shared._errors import Fenced
-from shared._settings import StoreSettings
 from shared.commit import _catalog as catalog_step
 from shared.commit import abort_dataset, audit, commit_dataset, list_unfinished, recover_dataset
 from shared.events import TableBinding, published_key, staged_key
+from shared.settings import StoreSettings
 from shared.storage import ObjectStore
 from tests._support.emulators import MakeTarget, StoreTarget
 from tests.integration.tables_support import (

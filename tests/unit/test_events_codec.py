@@ -13,7 +13,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shared import BadInput
-from shared._settings import SecuritySettings
 from shared.events import (
     REJECT_REASONS,
     DatasetExpectation,
@@ -33,6 +32,7 @@ from shared.events import (
     entry_fields,
     sign,
 )
+from shared.settings import SecuritySettings
 
 LIMITS = ValidationLimits()
 SECRET = b"s3cret"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from shared._settings import StoreSettings
+from shared.settings import StoreSettings
 from shared.storage import open_store
 from shared.storage._counting import CountingStore
 from shared.storage._latency import LatencyModel, LatencyStore

@@ -13,7 +13,7 @@ from coordinator._ui_auth import (
     session_value,
 )
 from coordinator._ui_history import WINDOW_MINUTES, CommitHistory, window_start_id
-from shared._settings import is_loopback_host
+from shared.settings import is_loopback_host
 
 TOKEN = "a-token-of-enough-length"
 

@@ -1,11 +1,11 @@
 """Configuration: enters once, from a TOML file and environment variables, into a
 frozen :class:`Settings` object that is then passed down explicitly.
 
-The sections and their checks live here; :mod:`shared._settings_load` builds
+The sections and their checks live here; :func:`shared.settings.load_settings` builds
 them (defaults, TOML file, environment, overrides: its doc gives the precedence).
 
 Credentials (``redis.password``, ``security.hmac_secret``, ``coordinator.admin_token``,
-``store.azure_connection_string``, ``store.azure_account_url``) are :class:`~shared._secret.Secret` values:
+``store.azure_connection_string``, ``store.azure_account_url``) are :class:`~shared.settings.Secret` values:
 masked wherever settings are shown. A password written in ``redis.url`` is
 moved into ``redis.password`` when the settings are built, so ``redis.url``
 can always be printed.
@@ -21,10 +21,14 @@ from typing import Literal
 
 import msgspec
 
-from ._redis_url import is_cluster_url, parse_cluster_url
-from ._secret import Secret, coerce_secret, split_redis_url
-from ._settings_section import _Section
-from ._settings_tables import TableBindingSettings, TableMode, TablesSettings
+from ._redis_url import is_cluster_url, parse_cluster_url, split_redis_url
+from ._secret import Secret, coerce_secret
+
+TableMode = Literal["append", "create", "overwrite"]
+
+
+class _Section(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """A frozen section: an unknown key is an error (a typo must not pass for a default)."""
 
 
 class FleetSettings(_Section, frozen=True):
@@ -346,6 +350,45 @@ class LogSettings(_Section, frozen=True):
     format: Literal["auto", "json", "text"] = "auto"
 
 
+class TableBindingSettings(_Section, frozen=True):
+    """A fleet-level binding of one dataset to an Iceberg table (``namespace.name``)."""
+
+    table: str
+    mode: TableMode = "append"
+
+
+class TablesSettings(_Section, frozen=True):
+    """The Iceberg catalog the commits of bound datasets land in.
+
+    ``catalog`` is a pyiceberg catalog type (``sql``: SQLAlchemy, SQLite as the
+    embedded default; ``rest``, ``glue``, ``hive``); ``uri`` its address
+    (empty with ``sql``: ``<store root>/_tables/catalog.db``, local stores
+    only); ``warehouse`` where new tables' metadata goes (empty: the store's
+    ``_tables/warehouse`` folder, so data and metadata share a store and its
+    credentials); ``properties`` more pyiceberg catalog properties (REST
+    token, Glue region...). ``bindings`` binds datasets fleet-wide (a job's
+    own binding in ``job_started`` wins). ``call_timeout`` bounds how long a
+    cancelled catalog step waits for its call in flight to end.
+    """
+
+    catalog: Literal["sql", "rest", "glue", "hive"] = "sql"
+    name: str = "commitfleet"
+    uri: str = ""
+    warehouse: str = ""
+    properties: dict[str, str] = msgspec.field(default_factory=dict)
+    bindings: dict[str, TableBindingSettings] = msgspec.field(default_factory=dict)
+    call_timeout: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.catalog != "sql" and not self.uri and self.catalog != "glue":
+            raise ValueError(f"tables.uri must be set for a {self.catalog} catalog")
+        if self.call_timeout <= 0:
+            raise ValueError("tables.call_timeout must be > 0")
+        for dataset, b in self.bindings.items():
+            if len(b.table.split(".")) < 2 or not all(b.table.split(".")):
+                raise ValueError(f"tables.bindings.{dataset}.table must be namespace.name, got {b.table!r}")
+
+
 class Settings(_Section, frozen=True):
     """Every setting of a commitfleet process, frozen."""
 
@@ -377,7 +420,6 @@ __all__ = [
     "QueueSettings",
     "RedisSettings",
     "RetrySettings",
-    "Secret",
     "SecuritySettings",
     "Settings",
     "StoreSettings",
@@ -385,4 +427,5 @@ __all__ = [
     "TableMode",
     "TablesSettings",
     "WorkerSettings",
+    "is_loopback_host",
 ]

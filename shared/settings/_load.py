@@ -5,7 +5,7 @@ Precedence (lowest to highest): built-in defaults, the TOML file
 ``COMMITFLEET_<SECTION>_<KEY>`` (for example ``COMMITFLEET_LOCK_VALIDITY=20``),
 the conventional shortcuts ``REDIS_URL``, ``REDIS_PASSWORD`` and
 ``COMMITFLEET_STORE`` (the store root URL), and the caller's overrides.
-The sections and their checks live in :mod:`shared._settings`.
+The sections and their checks live in :mod:`._sections`.
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ from typing import Any
 
 import msgspec
 
-from ._errors import ConfigError
-from ._secret import secret_dec_hook, split_redis_url
-from ._settings import Settings
+from .._errors import ConfigError
+from ._redis_url import split_redis_url
+from ._secret import secret_dec_hook
+from ._sections import Settings
 
 ENV_PREFIX = "COMMITFLEET_"
 

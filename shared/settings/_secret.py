@@ -1,4 +1,4 @@
-"""Credentials that never show: :class:`Secret`, and the Redis URL split that keeps passwords out of URLs.
+"""Credentials that never show: :class:`Secret` and its msgspec hooks.
 
 A :class:`Secret` wraps one credential (a password, the signing key, a
 connection string, a token). Its ``repr`` and ``str`` are ``'**********'``
@@ -7,19 +7,13 @@ message or a log line that formats one shows the mask, never the value; code
 that needs the value calls :meth:`Secret.reveal` at the one place it hands it
 to a library. It pickles (the producer config travels to every Spark executor)
 and goes through msgspec with :func:`secret_dec_hook` / :func:`secret_enc_hook`.
-
-Redis URLs: :func:`split_redis_url` moves a password out of a ``redis://``
-URL (from ``user:password@``, or a ``password=`` query option) so the URL
-that remains can be printed. It never parses the password itself, so any
-character works in it (``#``, ``/``, ``@``, ``:``): the user part ends at
-the last ``@`` before the host.
+(A password written in a Redis URL is moved out of it by :mod:`._redis_url`.)
 """
 
 from __future__ import annotations
 
 import hmac
 from typing import Any, Final
-from urllib.parse import parse_qsl, quote, unquote, urlencode
 
 MASK: Final = "**********"
 
@@ -118,63 +112,10 @@ def secret_enc_hook(obj: Any) -> Any:
     raise NotImplementedError(f"cannot encode a {type(obj).__name__}")
 
 
-def split_redis_url(url: str) -> tuple[str, str | None]:
-    """Return ``(url without its password, the password or None)``.
-
-    The password is taken from ``scheme://[user]:password@host...`` (the user
-    part ends at the last ``@``, then it is percent-decoded as redis-py does:
-    ``#``, ``/``, ``@`` and ``:`` work as they are, ``%`` and ``?`` must be
-    encoded) or from a ``password=`` query option. The user name stays in the
-    URL.
-    Never raises and never echoes the password: a URL that does not parse is
-    returned (password removed) for the connection layer to reject.
-    """
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return url, None
-    password: str | None = None
-    # The authority ends at the first '/' or '?' after the user part; the user
-    # part itself ends at the last '@' (a password may hold '@', '/', '#', ':').
-    at, q = rest.rfind("@"), rest.find("?")
-    if 0 <= q < at and "=" in rest[q:at] and rest.rfind("@", 0, q) >= 0:
-        at = rest.rfind("@", 0, q)  # an '@' in a query option's value, after the user part
-    if at >= 0:
-        userinfo, rest = rest[:at], rest[at + 1 :]
-        user, colon, pw = userinfo.partition(":")
-        if colon:
-            password = unquote(pw)
-        rest = (quote(unquote(user), safe="") + "@" + rest) if user else rest
-    head, qmark, query = rest.partition("?")
-    if qmark:
-        pairs = parse_qsl(query, keep_blank_values=True)
-        found = [v for k, v in pairs if k == "password"]
-        if found:
-            password = found[-1]
-            kept = [(k, v) for k, v in pairs if k != "password"]
-            rest = head + ("?" + urlencode(kept) if kept else "")
-    return f"{scheme}://{rest}", (password or None)
-
-
-def masked_url(url: str, *, has_password: bool = False) -> str:
-    """Return ``url`` fit to print: any password replaced by the mask.
-
-    ``has_password``: show the mask even though ``url`` itself holds no
-    password (it was moved into a setting of its own).
-    """
-    clean, password = split_redis_url(url)
-    if password is None and not has_password:
-        return clean
-    scheme, _, rest = clean.partition("://")
-    user, at, host = rest.rpartition("@")
-    return f"{scheme}://{user}:{MASK}@{host}" if at else f"{scheme}://:{MASK}@{rest}"
-
-
 __all__ = [
     "MASK",
     "Secret",
     "coerce_secret",
-    "masked_url",
     "secret_dec_hook",
     "secret_enc_hook",
-    "split_redis_url",
 ]
