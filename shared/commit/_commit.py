@@ -49,6 +49,75 @@ from ._survey import Survey, list_unfinished, survey
 from ._wal import CommitSequence, Wal, WalLog
 
 
+async def commit_dataset(
+    store: ObjectStore,
+    req: CommitRequest,
+    lease: Lease,
+    settings: Settings,
+    *,
+    registry: StepRegistry | None = None,
+    extra_steps: Sequence[CommitStep] = (),
+    clock: Callable[[], float] = time.time,
+    probe: CommitProbe = no_probe,
+) -> CommitResult:
+    """Commit ``req`` exactly once, under the dataset's lock (``lease``): the pipeline of the module doc.
+
+    The lock is not taken here: the caller holds it and passes its lease.
+    ``probe`` is called at the points a test may hook into (see :data:`CommitProbe`).
+
+    Returns:
+        ``committed``, ``quarantined`` or ``blocked`` (see :class:`CommitResult`).
+
+    Raises:
+        BadInput: the request is inconsistent (see :func:`plan_commit`).
+        LockLost / Fenced: the lease was lost, or a newer holder took over.
+        TransientError: the store failed past the budget on the log itself.
+
+    Cancelled: whatever ran is idempotent; the next holder verifies it.
+    """
+    start = time.monotonic()
+    lease.check()
+    pipe = Pipeline(store, lease, settings, registry=registry, clock=clock, probe=probe)
+    earlier: list[CommitResult] = []
+    recovered_jobs: list[str] = []
+
+    def finish(res: CommitResult) -> CommitResult:
+        return msgspec.structs.replace(
+            res, recovered_jobs=recovered_jobs, earlier=earlier, duration=time.monotonic() - start
+        )
+
+    def blocked(by: str, reason: str | None) -> CommitResult:
+        res = CommitResult(
+            dataset=req.dataset, job=req.job, status="blocked", blocked_by=by, quarantined=reason
+        )
+        return finish(res)
+
+    # 1. Survey.
+    found = await survey(store, req.dataset, req.job, pipe.policy, registry)
+
+    # 2. Older sequences first (none when the survey found no log: the usual case).
+    if found.unfinished:
+        recovery = await pipe.recover(req.dataset, exclude_job=req.job)
+        earlier.extend(recovery.results)
+        recovered_jobs.extend(r.job for r in recovery.results if r.ok)
+        if recovery.blocked_by is not None:
+            return blocked(recovery.blocked_by, recovery.reason)
+
+    try:
+        # 3. Claim or create the log (or find the job committed).
+        held = await pipe.claim_or_create(req, found, extra_steps)
+        if isinstance(held, Manifest):
+            return finish(_found_committed(req, held))
+        wal, created = held
+        # 4 and 5. Run the steps, finish. A log created after the survey
+        # found none is judged on the survey's listing of the sources.
+        listed = found.staged if created and not found.unfinished else None
+        return finish(await pipe.run(wal, recovered=not created, listed=listed))
+    except CommitStepFailed as exc:
+        # A log (ours, or one that appeared meanwhile) or the manifest cannot be read: it blocks the dataset.
+        return blocked(req.job, str(exc))
+
+
 class Pipeline:
     """Stages 2 to 5 of the module doc, for one lock holder: built per call with what every stage needs.
 
@@ -198,114 +267,6 @@ class Pipeline:
         return result("committed", progress.redone, timings=progress.timings)
 
 
-def _result(
-    seq: CommitSequence,
-    status: CommitStatus,
-    start: float,
-    redone: int,
-    reason: str | None,
-    *,
-    recovered: bool,
-    timings: dict[str, float],
-) -> CommitResult:
-    return CommitResult(
-        dataset=seq.dataset,
-        job=seq.job,
-        status=status,
-        blocked_by=seq.job if status == "blocked" else None,
-        files=seq.files,
-        bytes=seq.bytes,
-        duration=time.monotonic() - start,
-        steps=len(seq.steps),
-        steps_redone=redone,
-        recovered=recovered,
-        attempts=seq.attempts,
-        quarantined=reason,
-        phase_seconds=timings,
-    )
-
-
-def _found_committed(req: CommitRequest, manifest: Manifest) -> CommitResult:
-    """Return the result of a commit whose manifest was already in the store."""
-    return CommitResult(
-        dataset=req.dataset,
-        job=req.job,
-        status="committed",
-        files=len(manifest.files),
-        bytes=manifest.bytes,
-        already_committed=True,
-    )
-
-
-async def commit_dataset(
-    store: ObjectStore,
-    req: CommitRequest,
-    lease: Lease,
-    settings: Settings,
-    *,
-    registry: StepRegistry | None = None,
-    extra_steps: Sequence[CommitStep] = (),
-    clock: Callable[[], float] = time.time,
-    probe: CommitProbe = no_probe,
-) -> CommitResult:
-    """Commit ``req`` exactly once, under the dataset's lock (``lease``): the pipeline of the module doc.
-
-    The lock is not taken here: the caller holds it and passes its lease.
-    ``probe`` is called at the points a test may hook into (see :data:`CommitProbe`).
-
-    Returns:
-        ``committed``, ``quarantined`` or ``blocked`` (see :class:`CommitResult`).
-
-    Raises:
-        BadInput: the request is inconsistent (see :func:`plan_commit`).
-        LockLost / Fenced: the lease was lost, or a newer holder took over.
-        TransientError: the store failed past the budget on the log itself.
-
-    Cancelled: whatever ran is idempotent; the next holder verifies it.
-    """
-    start = time.monotonic()
-    lease.check()
-    pipe = Pipeline(store, lease, settings, registry=registry, clock=clock, probe=probe)
-    earlier: list[CommitResult] = []
-    recovered_jobs: list[str] = []
-
-    def finish(res: CommitResult) -> CommitResult:
-        return msgspec.structs.replace(
-            res, recovered_jobs=recovered_jobs, earlier=earlier, duration=time.monotonic() - start
-        )
-
-    def blocked(by: str, reason: str | None) -> CommitResult:
-        res = CommitResult(
-            dataset=req.dataset, job=req.job, status="blocked", blocked_by=by, quarantined=reason
-        )
-        return finish(res)
-
-    # 1. Survey.
-    found = await survey(store, req.dataset, req.job, pipe.policy, registry)
-
-    # 2. Older sequences first (none when the survey found no log: the usual case).
-    if found.unfinished:
-        recovery = await pipe.recover(req.dataset, exclude_job=req.job)
-        earlier.extend(recovery.results)
-        recovered_jobs.extend(r.job for r in recovery.results if r.ok)
-        if recovery.blocked_by is not None:
-            return blocked(recovery.blocked_by, recovery.reason)
-
-    try:
-        # 3. Claim or create the log (or find the job committed).
-        held = await pipe.claim_or_create(req, found, extra_steps)
-        if isinstance(held, Manifest):
-            return finish(_found_committed(req, held))
-        wal, created = held
-        # 4 and 5. Run the steps, finish. A log created after the survey
-        # found none is judged on the survey's listing of the sources.
-        listed = found.staged if created and not found.unfinished else None
-        return finish(await pipe.run(wal, recovered=not created, listed=listed))
-    except CommitStepFailed as exc:
-        # A log (ours, or one that appeared meanwhile) or the manifest cannot be read: it blocks the dataset.
-        return blocked(req.job, str(exc))
-
-
 async def recover_dataset(
     store: ObjectStore,
     dataset: str,
@@ -352,6 +313,45 @@ async def execute_sequence(
     pipe = Pipeline(store, lease, settings, registry=registry, clock=clock, probe=probe)
     wal, created = await pipe.log.open(seq)
     return await pipe.run(wal, recovered=not created)
+
+
+def _result(
+    seq: CommitSequence,
+    status: CommitStatus,
+    start: float,
+    redone: int,
+    reason: str | None,
+    *,
+    recovered: bool,
+    timings: dict[str, float],
+) -> CommitResult:
+    return CommitResult(
+        dataset=seq.dataset,
+        job=seq.job,
+        status=status,
+        blocked_by=seq.job if status == "blocked" else None,
+        files=seq.files,
+        bytes=seq.bytes,
+        duration=time.monotonic() - start,
+        steps=len(seq.steps),
+        steps_redone=redone,
+        recovered=recovered,
+        attempts=seq.attempts,
+        quarantined=reason,
+        phase_seconds=timings,
+    )
+
+
+def _found_committed(req: CommitRequest, manifest: Manifest) -> CommitResult:
+    """Return the result of a commit whose manifest was already in the store."""
+    return CommitResult(
+        dataset=req.dataset,
+        job=req.job,
+        status="committed",
+        files=len(manifest.files),
+        bytes=manifest.bytes,
+        already_committed=True,
+    )
 
 
 __all__ = ["Pipeline", "commit_dataset", "execute_sequence", "recover_dataset"]
