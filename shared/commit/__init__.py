@@ -2,13 +2,15 @@
 
 The worker's calls, each under the dataset's lock (it passes the lease):
 :func:`commit_dataset`, :func:`abort_dataset`, :func:`recover_dataset`;
-operators': :func:`retry_quarantined`, :func:`skip_quarantined`, :func:`audit`.
+operators': :func:`retry_quarantined`, :func:`skip_quarantined`, :func:`audit`;
+readers of a bound table's catalog (:func:`open_catalog`, :func:`load_table`, the snapshot properties).
 See docs/commit.md; the commit pipeline reads top to bottom in ``_commit.py``.
 """
 
 from ._abort import abort_dataset, cleanup_staged_attempt
 from ._audit import AuditReport, AuditViolation, ViolationKind, audit
 from ._catalog import CommitToTable, resolve_binding, table_step
+from ._catalog_ops import DATASET_PROPERTY, JOB_PROPERTY, catalog_properties, load_table, open_catalog
 from ._commit import commit_dataset, execute_sequence, recover_dataset
 from ._errors import CommitStepFailed
 from ._model import CommitRequest, Manifest, ManifestFile, StagedFile, WatermarksDoc, WinningAttempt
@@ -32,7 +34,9 @@ from ._wal import CommitSequence, decode_sequence, encode_sequence, read_sequenc
 from ._watermarks import AdvanceWatermarks, merge_watermarks, read_watermarks
 
 __all__ = [
+    "DATASET_PROPERTY",
     "DEFAULT_REGISTRY",
+    "JOB_PROPERTY",
     "AbortResult",
     "AdvanceWatermarks",
     "AuditReport",
@@ -61,6 +65,7 @@ __all__ = [
     "WriteManifest",
     "abort_dataset",
     "audit",
+    "catalog_properties",
     "cleanup_staged_attempt",
     "commit_dataset",
     "decode_sequence",
@@ -68,7 +73,9 @@ __all__ = [
     "encode_sequence",
     "execute_sequence",
     "list_unfinished",
+    "load_table",
     "merge_watermarks",
+    "open_catalog",
     "plan_commit",
     "read_manifest",
     "read_sequence",
