@@ -248,7 +248,7 @@ async def _verify(settings: Settings, good: str, bad: str, printer: _EventPrinte
 
 async def _show_table(settings: Settings, job: str, console: Console) -> bool:
     """Print the Iceberg table 'orders' is bound to: row count and snapshot history; True when as expected."""
-    from shared.commit._catalog_ops import JOB_PROPERTY, load_table, open_catalog
+    from shared.commit import JOB_PROPERTY, load_table, open_catalog
 
     def read() -> tuple[int, list[tuple[int, str, str]]]:
         tbl = load_table(open_catalog(settings, settings.store.url), TABLE)

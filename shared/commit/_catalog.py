@@ -124,9 +124,12 @@ class CommitToTable(CommitStep, frozen=True, kw_only=True, tag="table"):
 
         def land() -> bool:
             cat = open_catalog(settings, url)
-            return commit_files(
+            ctx.probe("table.commit")
+            landed = commit_files(
                 cat, self.table, self.mode, self.dataset, self.job, self.uris(url), ctx.lease.check
             )
+            ctx.probe("table.committed")
+            return landed
 
         return await in_thread(_guarded(land, f"table {self.table}"), settings.tables.call_timeout)
 
