@@ -28,11 +28,11 @@ import redis
 from rich.console import Console
 from rich.table import Table
 
+from coordinator.demo import ThrowawayRedis, free_port
 from shared import Settings
 
-from ._bench_commit import ModeResult, Workload
-from ._bench_fleet import fleet_settings, run_fleet
-from ._procs import ThrowawayRedis, free_port
+from ._commit import ModeResult, Workload
+from ._fleet import fleet_settings, run_fleet
 
 _NODES = 6  # 3 masters + 3 replicas
 
