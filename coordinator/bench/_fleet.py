@@ -1,4 +1,4 @@
-"""The fleet side of ``commitfleet bench commit`` and the command's runner (see :mod:`._bench_commit`)."""
+"""The fleet side of ``commitfleet bench commit`` and the command's runner (see :mod:`._commit`)."""
 
 from __future__ import annotations
 
