@@ -64,7 +64,7 @@ from shared.locks import HeldLease, StorageLock
 from shared.queue import AdminPublisher, Keys, connect, join_fleet
 from shared.storage import ObjectStore, open_store
 
-from ._http import AdminServer
+from .admin import AdminServer
 
 log = logging.getLogger("coordinator")
 

@@ -40,11 +40,11 @@ from pathlib import Path
 import msgspec
 import redis.asyncio
 
-from coordinator._procs import FleetProcess, ThrowawayRedis, write_config
-from coordinator._status import fleet_status
+from coordinator.admin import fleet_status
 from shared import Settings
 from shared.queue import RESULT_RETENTION_S, AsyncPublisher, Keys, ensure_fleet
 from shared.storage import open_store
+from tests._support.processes import FleetProcess, ThrowawayRedis, write_config
 from tests.fleet._helpers import fleet_settings, good_job
 
 

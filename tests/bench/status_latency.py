@@ -47,8 +47,7 @@ from pathlib import Path
 
 import redis.asyncio
 
-from coordinator._procs import ThrowawayRedis
-from coordinator._status import fleet_status
+from coordinator.admin import fleet_status
 from shared import Settings
 from shared.events import (
     Committed,
@@ -72,6 +71,7 @@ from shared.queue import (
     ensure_fleet,
     trim_acknowledged,
 )
+from tests._support.processes import ThrowawayRedis
 from tests.fleet._helpers import fleet_settings
 from workers._decide import decide
 from workers._inflight import InFlight, InFlightBoard, work_label

@@ -45,10 +45,10 @@ from pathlib import Path
 
 import redis.asyncio
 
-from coordinator._procs import FleetProcess, ThrowawayRedis, write_config
 from shared.events import QueueEvent
 from shared.queue import AsyncPublisher, Keys, ensure_fleet
 from shared.storage import open_store
+from tests._support.processes import FleetProcess, ThrowawayRedis, write_config
 from tests.fleet._helpers import fleet_settings, good_job
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from coordinator import Coordinator
-from coordinator._status import get_status
+from coordinator.admin import get_status
 from shared import ConfigError, RetryPolicy, Settings, TransientError, load_settings
 from shared.events import Committed, JobStarted, WorkerJoined
 from shared.queue import (

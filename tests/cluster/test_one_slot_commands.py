@@ -20,7 +20,7 @@ import redis
 import redis.asyncio
 
 from coordinator import Coordinator
-from coordinator._status import get_status
+from coordinator.admin import get_status
 from shared.events import Aborted, Committed, JobCancelled, JobStarted, QueueEvent
 from shared.queue import (
     AsyncPublisher,

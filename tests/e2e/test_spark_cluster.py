@@ -37,7 +37,6 @@ import pyarrow.parquet as pq
 import pytest
 import redis.asyncio
 
-from coordinator._procs import FleetProcess, fleet_processes, write_config
 from shared import Settings
 from shared.commit import audit, read_manifest
 from shared.events import Aborted, Committed, TaskFinished, ValidationLimits, decode_entry
@@ -47,6 +46,7 @@ from shared.spark import ProducerConfig
 from shared.spark._pack import build_pack
 from shared.storage import ObjectStore, open_store
 from tests._support.emulators import Emulator
+from tests._support.processes import FleetProcess, fleet_processes, write_config
 from tests._support.redis_server import RedisHandle
 from tests._support.spark_cluster import HOSTS, Cluster, Daemon, standalone_cluster
 from tests._support.wait import wait_for

@@ -28,7 +28,6 @@ import pytest
 import redis
 import redis.asyncio
 
-from coordinator._procs import FleetProcess, fleet_processes, write_config
 from shared import Settings
 from shared.commit import ManifestFile, audit, read_manifest, read_watermarks
 from shared.events import (
@@ -52,6 +51,7 @@ from shared.fleet import FleetRegistry
 from shared.queue import Keys, ensure_fleet_sync, shard_of
 from shared.spark import ProducerConfig, TaskResult, commit_job, max_watermark
 from shared.storage import ObjectStore, open_store
+from tests._support.processes import FleetProcess, fleet_processes, write_config
 from tests._support.redis_server import RedisHandle
 from tests._support.spark import spark_session_fixture
 from tests._support.wait import wait_for, wait_for_sync

@@ -14,10 +14,10 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 import redis.asyncio
 
-from coordinator._procs import FleetProcess, fleet_processes, write_config
 from shared.queue import connect, connect_sync, ensure_fleet_sync
 from shared.settings import RedisSettings
 from shared.spark import ProducerConfig
+from tests._support.processes import FleetProcess, fleet_processes, write_config
 from tests._support.redis_cluster import LocalRedisCluster
 from tests.fleet._helpers import fleet_settings
 

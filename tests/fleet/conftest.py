@@ -12,13 +12,13 @@ import msgspec
 import pytest
 import redis.asyncio
 
-from coordinator._procs import FleetProcess, fleet_processes, write_config
 from shared import Settings
 from shared.fleet import FleetRegistry
 from shared.queue import AsyncPublisher, Keys, ensure_fleet
 from shared.settings import secret_enc_hook
 from shared.storage import ObjectStore, open_store
 from tests._support.emulators import MakeTarget
+from tests._support.processes import FleetProcess, fleet_processes, write_config
 
 from ._helpers import fleet_settings
 

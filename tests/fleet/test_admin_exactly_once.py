@@ -19,7 +19,7 @@ import redis.asyncio
 
 import workers._actions as actions
 from coordinator import Coordinator
-from coordinator._cli_ops import operator_request
+from coordinator.cli._ops_run import operator_request
 from shared.events import Aborted, Committed, Quarantined
 from shared.queue import AdminPublisher, AsyncPublisher, Keys, ensure_fleet, read_admin_range
 from shared.storage import open_store

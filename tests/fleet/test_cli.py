@@ -25,8 +25,7 @@ import jsonschema  # type: ignore[import-untyped]
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from coordinator._procs import FleetProcess
-from coordinator._status import fleet_status
+from coordinator.admin import fleet_status
 from shared.commit import list_unfinished, read_manifest
 from shared.events import (
     Aborted,
@@ -42,6 +41,7 @@ from shared.events import (
 )
 from shared.queue import Keys
 from tests._support.ports import free_port
+from tests._support.processes import FleetProcess
 from tests._support.wait import wait_for
 
 from ._helpers import (

@@ -20,7 +20,7 @@ import redis.asyncio
 
 import workers._actions as actions
 from coordinator import Coordinator
-from coordinator._status import fleet_status
+from coordinator.admin import fleet_status
 from shared.commit import CommitRequest, WinningAttempt, encode_sequence, plan_commit
 from shared.events import Committed, JobFailed, JobStarted, wal_key
 from shared.queue import AsyncPublisher, Keys, ensure_fleet, shard_of

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import redis.asyncio
 
-from coordinator._status import fleet_status
+from coordinator.admin import fleet_status
 from shared.events import ShardSetAside
 from shared.queue import DEFAULT_GROUP, shard_of
 from tests._support.wait import wait_for

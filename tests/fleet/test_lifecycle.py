@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 
 from coordinator._coordinator import LEADER_LOCK
-from coordinator._procs import FleetProcess
 from shared import TransientError
 from shared.events import WorkerLeft
 from shared.fleet import EXIT_CRASHED, HARD_EXIT_AFTER_S
 from shared.locks import read_lock
+from tests._support.processes import FleetProcess
 from tests._support.redis_server import RedisHandle, RedisServer
 from tests._support.wait import wait_for
 

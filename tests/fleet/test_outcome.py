@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 import redis.asyncio
 
-from coordinator._procs import write_config
 from shared.events import (
     Aborted,
     DatasetExpectation,
@@ -32,6 +31,7 @@ from shared.queue import AsyncPublisher, ensure_fleet, shard_of
 from shared.spark import JobNotCommitted
 from shared.spark._job import JobContext
 from shared.spark._outcome import wait_for_outcome
+from tests._support.processes import write_config
 from tests._support.wait import wait_for
 
 from ._helpers import admin_events, corrupted_job, fleet_settings, good_job, stage_task

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio
 
+from coordinator.bench import raw_consume_rate
 from shared import ConfigError, RetryPolicy
 from shared.events import (
     DatasetExpectation,
@@ -30,7 +31,6 @@ from shared.queue import (
     connect,
     count_dead_letters,
     ensure_fleet,
-    raw_consume_rate,
     read_dead_letters,
     read_fleet_meta,
     shard_of,

@@ -15,7 +15,7 @@ import time
 import pytest
 import redis.asyncio
 
-from coordinator._wait import EXIT_FORGOTTEN, exit_code, outcome_rows
+from coordinator.cli._wait import EXIT_FORGOTTEN, exit_code, outcome_rows
 from shared.queue import DatasetResult, Keys, ensure_fleet, read_outcome, shard_of
 from shared.queue._job_outcome import ResultStatus
 from shared.spark import OutcomeForgotten, ProducerConfig

@@ -25,15 +25,16 @@ from pathlib import Path
 
 from rich.console import Console
 
+from coordinator import Coordinator
+from coordinator.demo import ThrowawayRedis
 from shared import Settings, load_settings
 from shared._aio import TaskGroup
 from shared.events import JobStarted, StagedFile, TaskFinished
-from shared.queue import AsyncPublisher, Keys, ShardConsumer, connect, ensure_fleet, raw_consume_rate
+from shared.queue import AsyncPublisher, Keys, ShardConsumer, connect, ensure_fleet
 from shared.settings import masked_url
 from workers import Worker
 
-from ._coordinator import Coordinator
-from ._procs import ThrowawayRedis
+from ._raw import raw_consume_rate
 
 
 def _bench_settings(redis_url: str, root: Path) -> Settings:

@@ -1,4 +1,5 @@
-"""Fleet processes: workers and coordinators as real OS processes (the demo, the bench and the tests).
+"""Local processes of a demo or benchmark run: workers and coordinators as real OS processes, a
+throwaway redis-server, and the guard that stops them all (the tests' harness builds on it).
 
 Each process gets its own process group so its owner can SIGKILL, SIGSTOP,
 SIGCONT or SIGTERM it precisely, and its output goes to a log file the owner
@@ -360,16 +361,11 @@ class FleetProcess:
         return self.log_path.read_text(errors="replace")
 
 
-@contextmanager
-def fleet_processes(log_dir: Path) -> Iterator[list[FleetProcess]]:
-    """Collect processes started by the test; kill them all at the end (printing logs on failure)."""
-    procs: list[FleetProcess] = []
-    try:
-        yield procs
-    except BaseException:
-        for p in procs:
-            sys.stderr.write(f"\n===== {p.name} ({p.kind}) log =====\n{p.output()[-6000:]}\n")
-        raise
-    finally:
-        for p in procs:
-            p.close()
+__all__ = [
+    "FleetProcess",
+    "Interrupted",
+    "ThrowawayRedis",
+    "children_stopped",
+    "free_port",
+    "write_config",
+]

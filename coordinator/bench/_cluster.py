@@ -3,7 +3,7 @@
 For each backend (a throwaway ``redis-server``; a throwaway cluster of 3
 masters + 3 replicas) and each worker count (2, 4, 8 by default), a fresh
 fleet of a coordinator and N worker processes commits the same workload
-(:func:`._bench_fleet.run_fleet`), and the table shows datasets committed
+(:func:`._fleet.run_fleet`), and the table shows datasets committed
 per second (the median of ``rounds`` runs), and each rate relative to the
 first row (one node, fewest workers), all measured in the same run. Runs
 alternate between the backends per worker count (which goes first swaps
@@ -28,11 +28,11 @@ import redis
 from rich.console import Console
 from rich.table import Table
 
+from coordinator.demo import ThrowawayRedis, free_port
 from shared import Settings
 
-from ._bench_commit import ModeResult, Workload
-from ._bench_fleet import fleet_settings, run_fleet
-from ._procs import ThrowawayRedis, free_port
+from ._commit import ModeResult, Workload
+from ._fleet import fleet_settings, run_fleet
 
 _NODES = 6  # 3 masters + 3 replicas
 

@@ -34,6 +34,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
+from coordinator.admin import fleet_status
 from shared import Settings, load_settings
 from shared.commit import audit, read_manifest, read_watermarks
 from shared.events import AdminEvent
@@ -41,8 +42,7 @@ from shared.queue import Keys, connect, read_admin_range
 from shared.settings import masked_url
 from shared.storage import open_store
 
-from ._procs import FleetProcess, ThrowawayRedis, write_config
-from ._status import fleet_status
+from ._launcher import FleetProcess, ThrowawayRedis, write_config
 
 DATASETS = ("orders", "customers", "clicks")
 FAILED_DATASET = "refunds"

@@ -34,8 +34,14 @@ import msgspec
 from shared import Settings
 from shared.commit import CommitRequest, WinningAttempt, commit_dataset
 from shared.commit._bounded import for_each_bounded
-from shared.events import StagedFile, lock_name
-from shared.events._layout import manifest_key, published_key, staged_key, staging_prefix
+from shared.events import (
+    StagedFile,
+    lock_name,
+    manifest_key,
+    published_key,
+    staged_key,
+    staging_prefix,
+)
 from shared.locks import StorageLock
 from shared.storage import ObjectStore, open_store
 from shared.storage._counting import CountingStore

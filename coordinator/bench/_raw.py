@@ -10,9 +10,7 @@ import time
 import redis
 import redis.asyncio
 
-from ._connect import redis_errors
-from ._entry import entries_from_reply
-from ._keys import Keys
+from shared.queue import Keys, entries_from_reply, redis_errors
 
 # About the size of a real TaskFinished message with a few files.
 _PAYLOAD = (

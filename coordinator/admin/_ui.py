@@ -14,26 +14,28 @@ checked by the server's guard):
 
 A state-changing request authenticated by the cookie must come from the
 console's own origin (``Origin`` header): a cross-site form cannot post.
+
+The console is given what it uses (:class:`ConsoleInputs`: the token, the
+commit history, the operator-request writer) by the server that hosts it; it
+knows nothing of the server, its Redis client or its settings.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from importlib import resources
-from typing import TYPE_CHECKING, Any, Final
+from typing import Final
 
 import msgspec
 from aiohttp import web
 
-from shared import BadInput, TransientError
-from shared.events import check_dataset_segment, check_job
-from shared.queue import redis_errors, shard_of
+from shared import BadInput, NotFound, TransientError
+from shared.queue import check_request_names
 
-from ._requests import request_value
 from ._ui_auth import SESSION_COOKIE, bearer_ok, same_origin, session_value
-
-if TYPE_CHECKING:
-    from ._http import AdminServer
+from ._ui_history import CommitHistory
 
 LOGIN_PATH: Final = "/ui/login"
 STATIC_PREFIX: Final = "/ui/static/"
@@ -61,8 +63,21 @@ class _Action(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     job: str
 
 
+@dataclass(frozen=True)
+class ConsoleInputs:
+    """What the console is given by the server that hosts it (it reaches for nothing else)."""
+
+    # The admin token ("" = none): the login form checks it and the session cookie is made from it.
+    token: str
+    # Commits per minute over the last hour (the server feeds it from the admin stream).
+    history: CommitHistory
+    # Queues an operator request (dataset, job, op) and returns its shard; raises NotFound when
+    # the sequence is not quarantined, TransientError when Redis is unavailable.
+    queue_request: Callable[[str, str, str], Awaitable[int]]
+
+
 def _asset(name: str) -> bytes:
-    return (resources.files("coordinator") / "ui_static" / name).read_bytes()
+    return (resources.files("coordinator.admin") / "ui_static" / name).read_bytes()
 
 
 def is_public(request: web.Request) -> bool:
@@ -75,9 +90,9 @@ def wants_page(request: web.Request) -> bool:
     return request.method == "GET" and request.path in ("/ui", "/ui/")
 
 
-def add_routes(app: web.Application, server: AdminServer) -> None:
+def add_routes(app: web.Application, inputs: ConsoleInputs) -> None:
     """Add the console's routes to ``app``."""
-    token = server.settings.coordinator.admin_token.reveal()
+    token = inputs.token
 
     def page(name: str) -> web.Response:
         return web.Response(
@@ -125,7 +140,7 @@ def add_routes(app: web.Application, server: AdminServer) -> None:
 
     async def commits(_request: web.Request) -> web.Response:
         return web.Response(
-            body=msgspec.json.encode(server.history.series(time.time())), content_type="application/json"
+            body=msgspec.json.encode(inputs.history.series(time.time())), content_type="application/json"
         )
 
     async def action(request: web.Request) -> web.Response:
@@ -134,14 +149,20 @@ def add_routes(app: web.Application, server: AdminServer) -> None:
         op = request.match_info["op"]
         try:
             body = msgspec.json.decode(await request.read(), type=_Action)
-            check_dataset_segment(body.dataset)
-            check_job(body.job)
-        except (msgspec.DecodeError, msgspec.ValidationError, ValueError, BadInput) as exc:
+            check_request_names(body.dataset, body.job)
+        except (msgspec.DecodeError, msgspec.ValidationError, BadInput) as exc:
             return web.json_response({"error": f"bad request: {exc}"}, status=400)
+        # The owner acts under the dataset's lock and reports on the admin stream
+        # (operator_action), which the console shows live.
         try:
-            return await operator_request(server, body.dataset, body.job, op)
+            shard = await inputs.queue_request(body.dataset, body.job, op)
+        except NotFound as exc:  # not quarantined
+            return web.json_response({"error": str(exc)}, status=409)
         except TransientError as exc:
             return web.json_response({"error": str(exc)}, status=503)
+        return web.json_response(
+            {"queued": op, "dataset": body.dataset, "job": body.job, "shard": shard}, status=202
+        )
 
     app.add_routes(
         [
@@ -157,24 +178,4 @@ def add_routes(app: web.Application, server: AdminServer) -> None:
     )
 
 
-async def operator_request(server: AdminServer, dataset: str, job: str, op: str) -> web.Response:
-    """Queue ``op`` for a quarantined sequence in its shard's ``operator`` hash (as the CLI does).
-
-    Only a sequence the fleet's state reports quarantined is accepted (read
-    from Redis now, never from the store). The owner acts under the
-    dataset's lock and publishes ``operator_action`` on the admin stream.
-
-    Returns:
-        202 with the shard when queued; 409 when the sequence is not quarantined.
-
-    Raises:
-        TransientError: Redis unavailable.
-    """
-    doc: dict[str, Any] = await server.status_doc(fresh=True)
-    if not any(q["dataset"] == dataset and q["job"] == job for q in doc["quarantined"]):
-        return web.json_response({"error": f"{dataset} / {job} is not quarantined"}, status=409)
-    shard = shard_of(dataset, server.settings.fleet.shards)
-    with redis_errors("HSET operator request"):
-        value = request_value(server.settings, op, dataset, job)  # signed as the CLI signs it
-        await server.r.hset(server.keys.shard_state(shard, "operator"), f"{dataset}/{job}", value)
-    return web.json_response({"queued": op, "dataset": dataset, "job": job, "shard": shard}, status=202)
+__all__ = ["ASSETS", "LOGIN_PATH", "ConsoleInputs", "add_routes", "is_public", "wants_page"]

@@ -1,4 +1,5 @@
-"""The async bodies of the CLI's operator commands (events, retry/skip, audit; status is in ``_status``)."""
+"""The async bodies of the CLI's operator commands (events, retry/skip, audit; status is
+``coordinator.admin.get_status``)."""
 
 from __future__ import annotations
 
@@ -12,33 +13,26 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import redis.asyncio
 from rich.console import Console
 
-from shared import BadInput, ConfigError, OutcomeUnknown, Settings, TransientError
+from coordinator.admin import event_matches
+from shared import BadInput, ConfigError, NotFound, OutcomeUnknown, Settings, TransientError
 from shared._aio import cancel_until_done, run_shielded
-from shared.events import (
-    AdminEvent,
-    OperatorAction,
-    Quarantined,
-    check_dataset_segment,
-    check_job,
-    encode_admin,
-)
+from shared.events import AdminEvent, OperatorAction, Quarantined, encode_admin
 from shared.queue import (
     Keys,
+    check_request_names,
     connect,
     existing_fleet,
     follow_admin,
+    queue_operator_request,
     read_admin_range,
     redis_errors,
-    shard_of,
 )
-
-from ._requests import event_matches, request_value
 
 if TYPE_CHECKING:
     from shared.commit import AuditReport
 
 # The commit core, the lock service and the storage adapters are imported by the commands that use
-# them: retry and skip must not pay for them when no store is configured (tests/unit/test_cli_imports.py).
+# them: events, retry and skip must not pay for them (tests/unit/test_cli_imports.py).
 
 console = Console()
 T = TypeVar("T")
@@ -132,9 +126,11 @@ async def print_events(
 async def operator_request(s: Settings, dataset: str, job: str, op: str, *, wait_s: float) -> str:
     """Ask the dataset's owner to ``retry`` or ``skip`` a quarantined sequence; wait for it.
 
-    The request is a field in the owning shard's ``operator`` hash (its value
-    signed when the fleet has a secret); the shard's runner verifies it, acts
-    on it under the dataset's lock and publishes ``operator_action``.
+    The request is a field in the owning shard's ``operator`` hash, written by
+    :func:`shared.queue.queue_operator_request` (its value signed when the fleet
+    has a secret) once the fleet's Redis state reports the sequence
+    quarantined; the shard's runner verifies it, acts on it under the
+    dataset's lock and publishes ``operator_action``.
 
     Returns:
         A one-line description of the outcome.
@@ -146,28 +142,21 @@ async def operator_request(s: Settings, dataset: str, job: str, op: str, *, wait
             request stays queued for the owner.
     """
     try:
-        check_dataset_segment(dataset)
-        check_job(job)
-    except (ValueError, BadInput) as exc:  # InvalidMessage is a BadInput, not a ValueError
+        check_request_names(dataset, job)
+    except BadInput as exc:
         raise ConfigError(str(exc)) from None
     keys = Keys(s.fleet.name)
-    if s.store.url:
-        from shared.commit import list_unfinished
-        from shared.storage import open_store
-
-        async with open_store(s.store.url, s.store) as store:
-            found = [u for u in await list_unfinished(store, dataset) if u.job == job]
-        if not found:
-            raise ConfigError(f"no unfinished commit sequence for dataset {dataset!r}, job {job!r}")
     async with _redis(s) as r:
-        shard = shard_of(dataset, (await existing_fleet(r, s)).fleet.shards)
+        s = await existing_fleet(r, s)
         with redis_errors("XREVRANGE admin"):
             newest: Any = await r.xrevrange(keys.admin, count=1)
         start: bytes = newest[0][0] if newest else b"0-0"
-        with redis_errors("HSET operator request"):
-            await r.hset(
-                keys.shard_state(shard, "operator"), f"{dataset}/{job}", request_value(s, op, dataset, job)
-            )
+        try:
+            await queue_operator_request(r, keys, s, dataset, job, op)
+        except NotFound:
+            raise ConfigError(
+                f"no unfinished commit sequence for dataset {dataset!r}, job {job!r} is quarantined"
+            ) from None
 
         async def acted() -> str:
             again: str | None = None

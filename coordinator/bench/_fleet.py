@@ -1,4 +1,4 @@
-"""The fleet side of ``commitfleet bench commit`` and the command's runner (see :mod:`._bench_commit`)."""
+"""The fleet side of ``commitfleet bench commit`` and the command's runner (see :mod:`._commit`)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
+from coordinator.admin import fleet_status
+from coordinator.demo import FleetProcess, ThrowawayRedis, write_config
 from shared import Settings
 from shared.commit import CommitRequest, commit_dataset
 from shared.events import Committed, DatasetExpectation, JobFinished, JobStarted, TaskFinished, lock_name
@@ -27,7 +29,7 @@ from shared.storage import ObjectStore, open_store
 from shared.storage._counting import CountingStore
 from shared.storage._latency import LatencyModel
 
-from ._bench_commit import (
+from ._commit import (
     ModeResult,
     Workload,
     open_raw,
@@ -37,8 +39,6 @@ from ._bench_commit import (
     timed_inprocess,
     verify,
 )
-from ._procs import FleetProcess, ThrowawayRedis, write_config
-from ._status import fleet_status
 
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 # With a latency model, the default temporary store goes to memory where there is one (see run_commit_bench).

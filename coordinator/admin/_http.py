@@ -8,11 +8,11 @@ Routes:
   capped stream) or the ``Last-Event-ID`` header resumes
 - ``GET /metrics``  Prometheus text format
 - ``GET /healthz``  ``ok`` (no token, no Host check: it tells nothing)
-- ``/ui``           the web console (coordinator/_ui.py)
+- ``/ui``           the web console (coordinator/admin/_ui.py)
 
 Every route but ``/healthz`` checks the Host header (DNS rebinding) and the
 bearer token or console cookie when ``coordinator.admin_token`` is set
-(coordinator/_ui_auth.py). Requests other than event streams end after
+(coordinator/admin/_ui_auth.py). Requests other than event streams end after
 ``coordinator.request_timeout``; event streams send a keep-alive comment when
 idle, are capped at ``coordinator.sse_max_clients``, and end as soon as their
 client disconnects (aiohttp cancels the handler: no loop, no Redis read left).
@@ -37,12 +37,11 @@ from shared import ConfigError, Settings, TransientError
 from shared._aio import raise_if_cancelling
 from shared._logging import kv
 from shared.events import DATA_FIELD, AdminEvent, Committed, InvalidMessage, decode_admin, encode_admin
-from shared.queue import Keys, read_admin_range, redis_errors
-from shared.queue._entry import entries_from_reply
+from shared.queue import Keys, entries_from_reply, queue_operator_request, read_admin_range, redis_errors
 
 from . import _ui
+from ._filter import event_matches
 from ._metrics import CONTENT_TYPE, FleetMetrics
-from ._requests import event_matches
 from ._status import fleet_status
 from ._ui_auth import allowed_hosts, authorized, check_bind, host_allowed
 from ._ui_history import CommitHistory, window_start_id
@@ -137,8 +136,23 @@ class AdminServer:
                 web.get("/healthz", self._health),
             ]
         )
-        _ui.add_routes(app, self)
+        console = _ui.ConsoleInputs(
+            token=self.settings.coordinator.admin_token.reveal(),
+            history=self.history,
+            queue_request=self._queue_request,
+        )
+        _ui.add_routes(app, console)
         return app
+
+    async def _queue_request(self, dataset: str, job: str, op: str) -> int:
+        """Queue the console's request (:func:`shared.queue.queue_operator_request`); return its shard.
+
+        Raises:
+            BadInput: bad names or operation.
+            NotFound: the sequence is not quarantined.
+            TransientError: Redis unavailable.
+        """
+        return await queue_operator_request(self.r, self.keys, self.settings, dataset, job, op)
 
     async def start(self) -> None:
         """Bind and serve.

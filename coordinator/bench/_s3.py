@@ -22,9 +22,8 @@ from pathlib import Path
 
 import msgspec
 
+from coordinator.demo import free_port
 from shared import ConfigError, Settings
-
-from ._procs import free_port
 
 # moto accepts any credentials; these only keep the SDK from looking for real ones.
 _EMULATOR_ENV = {
