@@ -73,9 +73,8 @@ from shared.queue import (
     trim_acknowledged,
 )
 from tests.fleet._helpers import fleet_settings
-from workers._decide import decide
+from workers._core import ShardJobs, decide
 from workers._inflight import InFlight, InFlightBoard, work_label
-from workers._jobstate import ShardJobs
 from workers._state_store import Batch, ShardStateStore, attempt_fields
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,8 +9,7 @@ from shared._errors import ConfigError
 from shared.commit import CommitRequest, StagedFile, WinningAttempt, resolve_binding, table_step
 from shared.commit._catalog_ops import catalog_properties
 from shared.events import JobStarted, TableBinding, TaskFinished, published_key
-from workers._decide import decide
-from workers._jobstate import ShardJobs
+from workers._core import ShardJobs, decide
 
 BOUND = {"orders": TableBinding(table="lake.sales.orders", mode="create")}
 
