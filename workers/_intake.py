@@ -206,7 +206,7 @@ class Intake:
             processes them, like those read by a save.
 
         Raises:
-            Fenced, TransientError: as :meth:`_process`; what was not saved
+            Fenced, TransientError: as :meth:`process`; what was not saved
                 stays pending, and the session's next start reloads the state.
 
         Cancellation: the save on the wire is dropped (its outcome unknown:

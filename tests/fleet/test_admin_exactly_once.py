@@ -64,7 +64,6 @@ async def test_one_outcome_event_per_dataset_whatever_point_the_worker_dies_at(
     redis_client: redis.asyncio.Redis,
     fleet_name: str,
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     settings = fleet_settings(redis_url, tmp_path / "store", fleet_name, worker={"drain_grace": 0.1})
     freeze = _Freeze(point)

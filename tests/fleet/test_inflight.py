@@ -80,7 +80,6 @@ async def test_a_commit_whose_lock_ran_out_is_retried_and_shown_in_flight(
     redis_client: redis.asyncio.Redis,
     fleet_name: str,
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     settings = fleet_settings(redis_url, tmp_path / "store", fleet_name, lock=LOCK, worker={"lease": 6.0})
     hook = _StarveOnce()
@@ -203,7 +202,6 @@ async def test_a_commit_block_that_outlived_its_lease_is_rechecked_not_lost_nor_
     redis_client: redis.asyncio.Redis,
     fleet_name: str,
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The block ends normally after its lease ran out: LockLost; the retry finds the work done and stops."""
@@ -246,7 +244,6 @@ async def test_work_waiting_for_a_slot_or_for_its_dataset_shows_as_queued(
     redis_client: redis.asyncio.Redis,
     fleet_name: str,
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """One in-flight slot, held by a commit paused at ``commit.locked``: the other commit shows `queued`.
 

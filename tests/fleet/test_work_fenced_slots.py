@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import pytest
 import redis.asyncio
 
 from coordinator import Coordinator
@@ -51,7 +50,6 @@ async def test_fenced_work_does_not_leak_inflight_slots(
     redis_client: redis.asyncio.Redis,
     fleet_name: str,
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     settings = fleet_settings(
         redis_url, tmp_path / "store", fleet_name, shards=1, worker={"max_inflight_datasets": SLOTS}
@@ -108,7 +106,6 @@ async def test_the_worker_still_commits_after_as_many_fences_as_slots(
     redis_client: redis.asyncio.Redis,
     fleet_name: str,
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Each fence of a work task with work queued used to leak one slot; after SLOTS of them the
     worker kept its shard (heartbeat fine) but never started any work again: a later job never committed."""

@@ -35,7 +35,6 @@ async def test_a_stop_while_intake_is_paused_ends_within_the_drain_grace(
     redis_client: redis.asyncio.Redis,
     fleet_name: str,
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     settings = fleet_settings(
         redis_url,

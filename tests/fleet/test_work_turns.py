@@ -14,7 +14,6 @@ import asyncio
 from collections import Counter
 from pathlib import Path
 
-import pytest
 import redis.asyncio
 
 from coordinator import Coordinator
@@ -43,7 +42,6 @@ async def test_a_good_job_commits_between_the_aborts_of_a_big_failed_job(
     redis_client: redis.asyncio.Redis,
     fleet_name: str,
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Every abort waits at ``abort.done`` for a permit the test hands out; the good job's commit
     does not. With ``SLOTS`` slots held by aborts, the good job is read and queued at once, and
@@ -119,7 +117,6 @@ async def test_a_stopping_worker_runs_its_queued_work_within_the_drain_grace(
     redis_client: redis.asyncio.Redis,
     fleet_name: str,
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """One slot, held by a commit paused at ``commit.locked``, and three commits queued behind it:
     the worker is told to stop, then the pause ends. The queued commits are started during the
