@@ -115,7 +115,7 @@ class Owner:
 
     async def commit_all(self, job: str) -> list[str]:
         """Mark every dataset of ``job`` here committed, with its result, and end the job (one save,
-        as workers/_actions.py ``_set_status`` builds it per dataset); return the datasets."""
+        as workers/_ledger.py ``ShardLedger.set_status`` builds it per dataset); return the datasets."""
         meta = self.state.jobs.get(job)
         if meta is None:
             return []
