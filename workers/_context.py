@@ -53,7 +53,7 @@ class WorkerContext:
     counters: Counters = field(default_factory=Counters)
     # Release notices from other processes (run by the worker); None: lock waiters poll only.
     notifier: SharedReleaseNotifier | None = None
-    # Awaited at each named point of the commit path (a test's hook; the default does nothing).
+    # Awaited at each named point of the commit path and intake (a test's hook; by default nothing).
     probe: Probe = no_probe
 
     async def emit(self, ev: AdminEvent) -> None:

@@ -83,6 +83,7 @@ class Intake:
         self._schedule = schedule
         self._has_room = has_room
         self._stopping = stopping
+        self._probe = ctx.probe
 
     def _mine(self, ev: QueueEvent, shards: int) -> QueueEvent:
         """Return ``ev`` when every dataset it names belongs to this shard (of ``shards``).
@@ -220,6 +221,7 @@ class Intake:
         async with self._ledger.save_lock:
             prep = await self._judge_prepared(entries, todo, tally)
             # Two batches read: one to judge while the next save runs.
+            await self._probe("intake.run")
             sent = await send_save(store, prep, 2 * size)
             try:
                 rounds = 1
@@ -256,6 +258,7 @@ class Intake:
     async def _judge_prepared(self, entries: list[Entry], todo: list[Action], tally: list[int]) -> Prepared:
         """Judge ``entries`` (see :meth:`_judge_all`), add their actions to ``todo`` and their
         figures to ``tally``; return their save, encoded now."""
+        await self._probe("intake.judge")
         batch, actions, rejected, duplicates = await self._judge_all(entries)
         todo += actions
         tally[0] += len(entries)

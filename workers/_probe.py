@@ -1,8 +1,10 @@
-"""The commit path's probe: named points a test can stop a worker at.
+"""The worker's probe: named points of its commit path and intake a test can watch or stop it at.
 
 The actions (:class:`workers._actions.Actions`) await ``probe(point)`` at
 ``commit.locked``, ``commit.done``, ``commit.announced``, ``commit.saved``,
-``abort.done`` and ``abort.announced``. A worker is given its probe when it
+``abort.done`` and ``abort.announced``; the intake (:class:`workers._intake.Intake`)
+at ``intake.run`` (a run of saves sent ahead sends its first save) and
+``intake.judge`` (each batch of such a run is judged). A worker is given its probe when it
 is built (``Worker(settings, probe=...)``, kept in its
 :class:`~workers._context.WorkerContext`); the default does nothing.
 """
@@ -13,7 +15,7 @@ from typing import Protocol
 
 
 class Probe(Protocol):
-    """Called at each named point of the commit / abort path; may wait, must not raise."""
+    """Called at each named point (see the module doc); may wait, must not raise."""
 
     async def __call__(self, point: str, /) -> None:
         """Return when the work may go on past ``point``."""

@@ -86,14 +86,14 @@ class Worker:
         *,
         worker_id: str | None = None,
         hard_exit_after: float | None = None,
-        probe: Probe = no_probe,
+        probe: Probe | None = None,
     ) -> None:
         """Prepare a worker; nothing connects until :meth:`run`.
 
         ``hard_exit_after``: after a fatal error, end the OS process that many
         seconds later if it is still alive (set by :func:`run_worker`; never in
         an in-process test). ``probe``: awaited at each named point of the
-        commit path (:mod:`workers._probe`; a test's hook, by default nothing).
+        commit path and intake (:mod:`workers._probe`; a test's hook, by default nothing).
 
         Raises:
             ConfigError: no store URL configured, or a bad worker id.
@@ -107,7 +107,7 @@ class Worker:
         self._stop = asyncio.Event()
         self.ready = asyncio.Event()
         self._hard_exit_after = hard_exit_after
-        self._probe = probe
+        self._probe = probe or no_probe
         self._shards = ShardRunners(settings, self.worker_id)
         self._runners = self._shards.by_shard  # shard -> (runner, task); the same dict, never replaced
         # Set when the worker starts leaving: its heartbeat must not bring it back.

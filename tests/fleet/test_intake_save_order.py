@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
 
 import pytest
 import redis.asyncio
@@ -22,8 +21,6 @@ from shared import TransientError
 from shared.events import JobStarted, StagedFile, TaskFinished
 from shared.queue import DEFAULT_GROUP, AsyncPublisher, ensure_fleet
 from tests._support.wait import wait_for
-from workers import _intake
-from workers._intake import Intake
 from workers._shard import ShardRunner
 from workers._state_store import Batch
 
@@ -150,7 +147,6 @@ async def test_a_run_of_saves_sent_ahead_gives_way_to_a_waiting_save(
     redis_client: redis.asyncio.Redis,
     fleet_name: str,
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Under a backlog intake holds the save lock for a run of batches (workers._save_pipe);
     an action that waits to save ends the run at its next batch instead of its 16th."""
@@ -165,22 +161,22 @@ async def test_a_run_of_saves_sent_ahead_gives_way_to_a_waiting_save(
     )
     judged = 0
     run_started = asyncio.Event()
-    real_judge, real_send = Intake._judge_prepared, _intake.send_save
 
-    async def counting_judge(self: Intake, *args: Any) -> Any:
+    async def probe(point: str) -> None:
         nonlocal judged
-        judged += 1
-        return await real_judge(self, *args)
-
-    async def watching_send(store: Any, prep: Any, read_next: int) -> Any:
-        if read_next == 2 * size:
+        if point == "intake.judge":  # a batch of a run of saves sent ahead is judged
+            judged += 1
+        elif point == "intake.run":
             run_started.set()  # a run's first save: the run goes on for up to 16 batches
-        return await real_send(store, prep, read_next)
 
-    monkeypatch.setattr(Intake, "_judge_prepared", counting_judge)
-    monkeypatch.setattr(_intake, "send_save", watching_send)
     async with inprocess_fleet(
-        redis_url, redis_client, fleet_name, tmp_path / "store", shards=1, worker={"read_batch": size}
+        redis_url,
+        redis_client,
+        fleet_name,
+        tmp_path / "store",
+        shards=1,
+        probe=probe,
+        worker={"read_batch": size},
     ) as fleet:
         await asyncio.wait_for(run_started.wait(), timeout=30)
         runner = fleet.worker._runners[0][0]
