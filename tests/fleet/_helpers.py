@@ -9,10 +9,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import pytest
 import redis.asyncio
 
-import workers._actions as actions
 from shared import Settings, load_settings
 from shared.commit import AuditReport, audit, read_manifest
 from shared.events import (
@@ -30,6 +28,7 @@ from shared.events import (
 from shared.queue import Keys, read_admin_range
 from shared.storage import ObjectStore
 from tests._support.wait import wait_for
+from workers import Probe
 
 
 def fleet_settings(redis_url: str, root: Path, fleet: str, *, shards: int = 8, **extra: Any) -> Settings:
@@ -49,11 +48,12 @@ def fleet_settings(redis_url: str, root: Path, fleet: str, *, shards: int = 8, *
     return load_settings(env={}, overrides=overrides)
 
 
-def pause_first_at(monkeypatch: pytest.MonkeyPatch, point: str) -> tuple[asyncio.Event, asyncio.Event]:
-    """Make the first work to reach checkpoint ``point`` (``workers._actions.checkpoint``) wait there.
+def pause_first_at(point: str) -> tuple[asyncio.Event, asyncio.Event, Probe]:
+    """Return a probe (``Worker(..., probe=...)``, see ``workers._probe``) that makes the first work
+    to reach point ``point`` of the commit path wait there.
 
-    Returns ``(paused, go)``: ``paused`` is set when that work arrives, and it
-    goes on once the test sets ``go``; later arrivals pass at once.
+    Returns ``(paused, go, probe)``: ``paused`` is set when that work arrives,
+    and it goes on once the test sets ``go``; later arrivals pass at once.
     """
     paused = asyncio.Event()
     go = asyncio.Event()
@@ -63,8 +63,7 @@ def pause_first_at(monkeypatch: pytest.MonkeyPatch, point: str) -> tuple[asyncio
             paused.set()
             await go.wait()
 
-    monkeypatch.setattr(actions, "checkpoint", pause_first)
-    return paused, go
+    return paused, go, pause_first
 
 
 async def stage_task(

@@ -15,7 +15,7 @@ from coordinator import Coordinator
 from shared import Settings
 from shared.queue import AsyncPublisher, DeadLetter, Keys, ensure_fleet, read_dead_letters
 from shared.storage import ObjectStore, open_store
-from workers import Worker
+from workers import Probe, Worker
 
 from ._helpers import fleet_settings
 
@@ -52,13 +52,16 @@ async def inprocess_fleet(
     root: Path,
     *,
     worker_id: str = "w1",
+    probe: Probe | None = None,
     **overrides: Any,
 ) -> AsyncIterator[InProcessFleet]:
-    """Run a coordinator and one worker in this process until the block ends, then shut them down."""
+    """Run a coordinator and one worker in this process until the block ends, then shut them down.
+
+    ``probe``: the worker's probe (``workers._probe``), by default nothing."""
     settings = fleet_settings(redis_url, root, fleet_name, **overrides)
     await ensure_fleet(redis_client, fleet_name, settings.fleet.shards)
     coord = Coordinator(settings, coordinator_id="c1")
-    worker = Worker(settings, worker_id=worker_id)
+    worker = Worker(settings, worker_id=worker_id, probe=probe)
     secret = settings.security.hmac_secret.reveal_bytes()
     publisher = AsyncPublisher(redis_client, fleet_name, settings.fleet.shards, secret=secret)
     async with open_store(settings.store.url, settings.store) as store, asyncio.TaskGroup() as tg:

@@ -1,7 +1,7 @@
 """Exactly one ``committed`` or ``aborted`` admin event per (dataset, job), whatever point a worker dies at.
 
 Crash at every point: an in-process worker is stopped dead at one named point of
-the commit or abort path (``workers._actions.checkpoint`` is the seam: the test
+the commit or abort path (the worker's commit-path probe, ``workers._probe``, is the seam: the test
 makes it freeze there, then shuts the worker down with a tiny drain grace, so its
 work is cancelled exactly at that point, as a kill would leave it), and a second
 worker takes the shard over and finishes. The admin stream must then hold exactly
@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 import redis.asyncio
 
-import workers._actions as actions
 from coordinator import Coordinator
 from coordinator.cli._ops_run import operator_request
 from shared.events import Aborted, Committed, Quarantined
@@ -46,7 +45,7 @@ ABORT_POINTS = ["abort.done", "abort.announced"]
 
 
 class _Freeze:
-    """Replaces ``checkpoint``: the first time ``point`` is reached, that work freezes there for good."""
+    """A probe: the first time ``point`` is reached, that work freezes there for good."""
 
     def __init__(self, point: str) -> None:
         self.point = point
@@ -65,17 +64,15 @@ async def test_one_outcome_event_per_dataset_whatever_point_the_worker_dies_at(
     redis_client: redis.asyncio.Redis,
     fleet_name: str,
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     settings = fleet_settings(redis_url, tmp_path / "store", fleet_name, worker={"drain_grace": 0.1})
     freeze = _Freeze(point)
-    monkeypatch.setattr(actions, "checkpoint", freeze)
     aborting = point.startswith("abort.")
     job = "job-x"
     await ensure_fleet(redis_client, fleet_name, settings.fleet.shards)
     coord = Coordinator(settings, coordinator_id="c1")
-    first = Worker(settings, worker_id="w1")
-    second = Worker(settings, worker_id="w2")
+    first = Worker(settings, worker_id="w1", probe=freeze)
+    second = Worker(settings, worker_id="w2", probe=freeze)
     async with open_store(settings.store.url, settings.store) as store, asyncio.TaskGroup() as tg:
         coord_task = tg.create_task(coord.run())
         first_task = tg.create_task(first.run())

@@ -2,7 +2,7 @@
 cancellation request is retried (it used to end silently, the dataset `committing` for good on a live
 worker), and every work item is visible on the shard's in-flight board while it runs.
 
-Deterministic: the commit path's seam (``workers._actions.checkpoint``) makes the first attempt do what
+Deterministic: the commit path's probe (``workers._probe``) makes the first attempt do what
 Python 3.11's TaskGroup does when a child fails after the body ended (one cancel request stays on the
 task), then starves the event loop past the lock's validity (as a loaded CPU or a SIGSTOP would), so the
 heartbeat finds the lease run out and cancels the block.
@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 import redis.asyncio
 
-import workers._actions as actions
 from coordinator import Coordinator
 from coordinator.admin import fleet_status
 from shared.commit import CommitRequest, WinningAttempt, encode_sequence, plan_commit
@@ -81,15 +80,13 @@ async def test_a_commit_whose_lock_ran_out_is_retried_and_shown_in_flight(
     redis_client: redis.asyncio.Redis,
     fleet_name: str,
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     settings = fleet_settings(redis_url, tmp_path / "store", fleet_name, lock=LOCK, worker={"lease": 6.0})
     hook = _StarveOnce()
-    monkeypatch.setattr(actions, "checkpoint", hook)
     keys = Keys(fleet_name)
     await ensure_fleet(redis_client, fleet_name, settings.fleet.shards)
     coord = Coordinator(settings, coordinator_id="c1")
-    worker = Worker(settings, worker_id="w1")
+    worker = Worker(settings, worker_id="w1", probe=hook)
     async with open_store(settings.store.url, settings.store) as store, asyncio.TaskGroup() as tg:
         tasks = [tg.create_task(x.run()) for x in (coord, worker)]
         try:
@@ -205,16 +202,14 @@ async def test_a_commit_block_that_outlived_its_lease_is_rechecked_not_lost_nor_
     redis_client: redis.asyncio.Redis,
     fleet_name: str,
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The block ends normally after its lease ran out: LockLost; the retry finds the work done and stops."""
     settings = fleet_settings(redis_url, tmp_path / "store", fleet_name, lock=LOCK, worker={"lease": 6.0})
     hook = _OutliveOnce()
-    monkeypatch.setattr(actions, "checkpoint", hook)
     await ensure_fleet(redis_client, fleet_name, settings.fleet.shards)
     coord = Coordinator(settings, coordinator_id="c1")
-    worker = Worker(settings, worker_id="w1")
+    worker = Worker(settings, worker_id="w1", probe=hook)
     async with open_store(settings.store.url, settings.store) as store, asyncio.TaskGroup() as tg:
         tasks = [tg.create_task(x.run()) for x in (coord, worker)]
         try:
@@ -249,14 +244,13 @@ async def test_work_waiting_for_a_slot_or_for_its_dataset_shows_as_queued(
     redis_client: redis.asyncio.Redis,
     fleet_name: str,
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """One in-flight slot, held by a commit paused at ``commit.locked``: the other commit shows `queued`.
 
     Both datasets are in one shard, so one intake batch queues both.
     """
     settings = fleet_settings(redis_url, tmp_path / "store", fleet_name, worker={"max_inflight_datasets": 1})
-    paused, go = pause_first_at(monkeypatch, "commit.locked")
+    paused, go, probe = pause_first_at("commit.locked")
     first = shard_of("ds-q0", settings.fleet.shards)
     names = [
         "ds-q0",
@@ -265,7 +259,7 @@ async def test_work_waiting_for_a_slot_or_for_its_dataset_shows_as_queued(
     keys = Keys(fleet_name)
     await ensure_fleet(redis_client, fleet_name, settings.fleet.shards)
     coord = Coordinator(settings, coordinator_id="c1")
-    worker = Worker(settings, worker_id="w1")
+    worker = Worker(settings, worker_id="w1", probe=probe)
     async with open_store(settings.store.url, settings.store) as store, asyncio.TaskGroup() as tg:
         tasks = [tg.create_task(x.run()) for x in (coord, worker)]
         try:

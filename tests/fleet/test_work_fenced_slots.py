@@ -14,10 +14,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import pytest
 import redis.asyncio
 
-import workers._actions as actions
 from coordinator import Coordinator
 from shared.fleet import FleetRegistry
 from shared.queue import AsyncPublisher, Keys, ensure_fleet
@@ -33,12 +31,12 @@ SLOTS = 2
 class _Gate:
     """Commits wait at ``commit.locked`` while ``open`` is not set; ``waiting`` counts them."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(self) -> None:
         self.open = asyncio.Event()
         self.waiting = 0
-        monkeypatch.setattr(actions, "checkpoint", self._at)
 
-    async def _at(self, point: str) -> None:
+    async def at(self, point: str) -> None:
+        """The worker's probe (``Worker(..., probe=gate.at)``)."""
         if point == "commit.locked" and not self.open.is_set():
             self.waiting += 1
             try:
@@ -52,15 +50,14 @@ async def test_fenced_work_does_not_leak_inflight_slots(
     redis_client: redis.asyncio.Redis,
     fleet_name: str,
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     settings = fleet_settings(
         redis_url, tmp_path / "store", fleet_name, shards=1, worker={"max_inflight_datasets": SLOTS}
     )
-    gate = _Gate(monkeypatch)
+    gate = _Gate()
     await ensure_fleet(redis_client, fleet_name, 1)
     coord = Coordinator(settings, coordinator_id="c1")
-    worker = Worker(settings, worker_id="w1")
+    worker = Worker(settings, worker_id="w1", probe=gate.at)
     reg = FleetRegistry(redis_client, Keys(fleet_name))
     async with open_store(settings.store.url, settings.store) as store, asyncio.TaskGroup() as tg:
         tasks = [tg.create_task(x.run()) for x in (coord, worker)]
@@ -75,7 +72,7 @@ async def test_fenced_work_does_not_leak_inflight_slots(
             await wait_for(slots_held, timeout=30, what="both slots held by paused commits")
             runner, _t = worker._runners[0]
             ctx = runner.ctx
-            assert len(runner._queue) == len(names) - SLOTS
+            assert len(runner.scheduler.queue) == len(names) - SLOTS
             # Another owner took the shard (as after a freeze past the lease): steal the token.
             good_token = await reg.owner_token(0)
             await redis_client.set(Keys(fleet_name).shard_state(0, "owner"), b"other@999")
@@ -93,7 +90,7 @@ async def test_fenced_work_does_not_leak_inflight_slots(
 
             async def idle() -> bool:
                 r = worker._runners.get(0)
-                return r is not None and not r[0]._running and len(r[0]._queue) == 0
+                return r is not None and not r[0].scheduler.running and len(r[0].scheduler.queue) == 0
 
             await wait_for(idle, timeout=30, what="runner idle")
             assert ctx.inflight._value == SLOTS, f"leaked {SLOTS - ctx.inflight._value} in-flight slot(s)"
@@ -109,17 +106,16 @@ async def test_the_worker_still_commits_after_as_many_fences_as_slots(
     redis_client: redis.asyncio.Redis,
     fleet_name: str,
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Each fence of a work task with work queued used to leak one slot; after SLOTS of them the
     worker kept its shard (heartbeat fine) but never started any work again: a later job never committed."""
     settings = fleet_settings(
         redis_url, tmp_path / "store", fleet_name, shards=1, worker={"max_inflight_datasets": SLOTS}
     )
-    gate = _Gate(monkeypatch)
+    gate = _Gate()
     await ensure_fleet(redis_client, fleet_name, 1)
     coord = Coordinator(settings, coordinator_id="c1")
-    worker = Worker(settings, worker_id="w1")
+    worker = Worker(settings, worker_id="w1", probe=gate.at)
     reg = FleetRegistry(redis_client, Keys(fleet_name))
     owner_key = Keys(fleet_name).shard_state(0, "owner")
     async with open_store(settings.store.url, settings.store) as store, asyncio.TaskGroup() as tg:
@@ -133,7 +129,7 @@ async def test_the_worker_still_commits_after_as_many_fences_as_slots(
 
                 async def some_held() -> bool:
                     r = worker._runners.get(0)
-                    return r is not None and gate.waiting >= 1 and len(r[0]._queue) > 0
+                    return r is not None and gate.waiting >= 1 and len(r[0].scheduler.queue) > 0
 
                 await wait_for(some_held, timeout=30, what=f"round {rnd}: commits paused, work queued")
                 runner, task = worker._runners[0]

@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 import redis.asyncio
 
-import workers._actions as actions
 from coordinator import Coordinator
 from shared.queue import AsyncPublisher, Keys, ensure_fleet
 from shared.storage import open_store
@@ -36,7 +35,6 @@ async def test_a_stop_while_intake_is_paused_ends_within_the_drain_grace(
     redis_client: redis.asyncio.Redis,
     fleet_name: str,
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     settings = fleet_settings(
         redis_url,
@@ -53,10 +51,9 @@ async def test_a_stop_while_intake_is_paused_ends_within_the_drain_grace(
             held.set()
             await gate.wait()
 
-    monkeypatch.setattr(actions, "checkpoint", gated)
     await ensure_fleet(redis_client, fleet_name, 1)
     coord = Coordinator(settings, coordinator_id="c1")
-    worker = Worker(settings, worker_id="w1")
+    worker = Worker(settings, worker_id="w1", probe=gated)
     async with open_store(settings.store.url, settings.store) as store, asyncio.TaskGroup() as tg:
         coord_task = tg.create_task(coord.run())
         worker_task = tg.create_task(worker.run())
@@ -68,7 +65,7 @@ async def test_a_stop_while_intake_is_paused_ends_within_the_drain_grace(
             runner, _ = worker._runners[0]
 
             async def paused() -> bool:
-                return len(runner._queue) >= min(max_queued, len(names) - 1)
+                return len(runner.scheduler.queue) >= min(max_queued, len(names) - 1)
 
             await wait_for(paused, timeout=30, what="queue full, intake paused")
             t0 = time.monotonic()

@@ -118,7 +118,7 @@ async def test_a_dataset_left_waiting_with_every_task_in_is_committed_at_the_nex
     # dataset waits for its tasks), every task is recorded, and no commit was decided.
     from shared.events import DatasetExpectation, JobFinished
     from shared.queue import shard_of
-    from workers._jobstate import JobMeta
+    from workers._core import JobMeta
 
     from ._helpers import good_job
 

@@ -20,7 +20,7 @@ from shared.queue import DatasetResult, Keys, ensure_fleet, read_outcome, shard_
 from shared.queue._job_outcome import ResultStatus
 from shared.spark import OutcomeForgotten, ProducerConfig
 from shared.spark._outcome import wait_for_outcome
-from workers._jobstate import Ended, ShardJobs
+from workers._core import Ended, ShardJobs
 from workers._state_store import RESULTS_INDEX, Batch, ShardStateStore
 
 SHARDS = 4

@@ -9,7 +9,7 @@ import redis.asyncio
 
 from shared import Fenced
 from shared.queue import DEFAULT_GROUP, Keys, ShardConsumer
-from workers._jobstate import ShardJobs, attempt_field
+from workers._core import ShardJobs, attempt_field
 from workers._save_pipe import send_save
 from workers._state_store import Batch
 

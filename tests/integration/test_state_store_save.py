@@ -11,8 +11,8 @@ import redis.asyncio
 from shared import Fenced
 from shared.events import StagedFile
 from shared.queue import DEFAULT_GROUP, DatasetResult, Keys, ShardConsumer
-from workers._jobstate import Attempt, Ended, ShardJobs, attempt_field
-from workers._jobstate import JobMeta as Meta
+from workers._core import Attempt, Ended, ShardJobs, attempt_field
+from workers._core import JobMeta as Meta
 from workers._state_store import Batch, ShardStateStore
 
 SHARD = 3

@@ -15,8 +15,7 @@ from shared.commit import (
     table_step,
 )
 from shared.events import JobStarted, TableBinding, TaskFinished, published_key
-from workers._decide import decide
-from workers._jobstate import ShardJobs
+from workers._core import ShardJobs, decide
 
 BOUND = {"orders": TableBinding(table="lake.sales.orders", mode="create")}
 

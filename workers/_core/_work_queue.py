@@ -1,6 +1,6 @@
 """A shard's work not started yet: taken in turn across jobs, one at a time per dataset.
 
-Pure (no I/O, no awaits): :class:`workers._scheduling.SchedulingMixin` adds
+Pure (no I/O, no awaits): :class:`workers._scheduler.Scheduler` adds
 work as intake decides it and takes the next piece whenever a worker-wide
 in-flight slot is free.
 

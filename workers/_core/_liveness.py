@@ -20,7 +20,8 @@ from collections.abc import Set as AbstractSet
 
 import msgspec
 
-from ._jobstate import Abort, ShardJobs
+from ._jobstate import ShardJobs
+from ._work import Abort
 
 
 class TimedOut(msgspec.Struct, frozen=True, kw_only=True):

@@ -23,11 +23,7 @@ from shared.events import (
 )
 
 from ._jobstate import (
-    Abort,
-    Action,
     Attempt,
-    CleanupAttempt,
-    Commit,
     DatasetState,
     Decision,
     Ended,
@@ -35,6 +31,7 @@ from ._jobstate import (
     ShardJobs,
 )
 from ._tally import satisfies
+from ._work import Abort, Action, CleanupAttempt, Commit
 
 
 def _open_job(job: str, datasets: list[str], now: float, timeout_s: float, app: str = "") -> JobMeta:

@@ -1,6 +1,6 @@
 """What a shard's owner knows about its open jobs: the records, the decision type, the state.
 
-:func:`workers._decide.decide` takes the shard's state and one validated queue
+:func:`workers._core._decide.decide` takes the shard's state and one validated queue
 event and returns a :class:`Decision` (what to record, what to do);
 :meth:`ShardJobs.apply` folds a decision into the in-memory state. The async layer persists the same
 decision to Redis (together with the message's acknowledgement) and runs the
@@ -32,6 +32,7 @@ from shared.events import (
 )
 
 from ._tally import TaskTally
+from ._work import Action
 
 Status = Literal[
     "open", "waiting", "committing", "committed", "aborting", "aborted", "quarantined", "blocked"
@@ -98,36 +99,6 @@ class Ended(msgspec.Struct, frozen=True, kw_only=True):
     v: int = STATE_VERSION
     status: str
     at: float
-
-
-# -- actions ----------------------------------------------------------------------
-
-
-class Commit(msgspec.Struct, frozen=True, kw_only=True):
-    """Commit ``dataset`` of ``job`` (its tasks are complete and the job finished)."""
-
-    job: str
-    dataset: str
-
-
-class Abort(msgspec.Struct, frozen=True, kw_only=True):
-    """Roll back ``dataset`` of ``job`` (failed, cancelled or timed out)."""
-
-    job: str
-    dataset: str
-    reason: str
-
-
-class CleanupAttempt(msgspec.Struct, frozen=True, kw_only=True):
-    """Delete one losing or late attempt's staged files."""
-
-    job: str
-    dataset: str
-    task: int
-    attempt: int
-
-
-Action = Commit | Abort | CleanupAttempt
 
 
 class Decision(msgspec.Struct, frozen=True, kw_only=True):
