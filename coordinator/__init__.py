@@ -1,7 +1,10 @@
-"""The commitfleet coordinator (leader election, shard assignment, admin API) and the CLI.
+"""The commitfleet coordinator: leader election and shard assignment (``_coordinator``).
+
+Its rooms: ``admin`` (the HTTP API, metrics, status document and web console the
+coordinator serves), ``cli`` (the ``commitfleet`` command line), ``demo`` and ``bench``.
 
 The names are imported when first used (PEP 562), so that ``commitfleet status`` and
-``--help``, which import ``coordinator._cli``, do not load the coordinator's HTTP server
+``--help``, which import ``coordinator.cli``, do not load the coordinator's HTTP server
 (aiohttp, prometheus_client) and the commit core they never use.
 """
 
@@ -13,9 +16,13 @@ from shared._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from ._coordinator import Coordinator, run_coordinator
-    from ._status import fleet_status
+    from .admin import fleet_status
 
-_WHERE = {"Coordinator": "._coordinator", "run_coordinator": "._coordinator", "fleet_status": "._status"}
+_WHERE = {
+    "Coordinator": "._coordinator",
+    "run_coordinator": "._coordinator",
+    "fleet_status": ".admin._status",
+}
 
 __getattr__ = lazy_exports(__name__, _WHERE)
 

@@ -1,5 +1,5 @@
 """``python -m coordinator`` runs the ``commitfleet`` CLI."""
 
-from ._cli import main
+from .cli import main
 
 main()

@@ -45,6 +45,7 @@ import time
 import redis.asyncio
 
 from shared import ConfigError, LockLost, OutcomeUnknown, Settings, TransientError
+from shared._aio import run_shielded
 from shared._logging import kv
 from shared.events import ShardsAssigned, WorkerLeft
 from shared.fleet import (
@@ -59,11 +60,11 @@ from shared.fleet import (
     rebalance,
     wait_until_up,
 )
-from shared.locks import HeldLease, StorageLock, run_shielded
+from shared.locks import HeldLease, StorageLock
 from shared.queue import AdminPublisher, Keys, connect, join_fleet
 from shared.storage import ObjectStore, open_store
 
-from ._http import AdminServer
+from .admin import AdminServer
 
 log = logging.getLogger("coordinator")
 

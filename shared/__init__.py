@@ -15,9 +15,7 @@ from ._errors import (
     TransientError,
 )
 from ._retry import RetryPolicy, retry
-from ._secret import Secret
-from ._settings import Settings
-from ._settings_load import load_settings
+from .settings import Secret, Settings, load_settings
 
 __all__ = [
     "BadInput",

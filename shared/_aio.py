@@ -1,15 +1,18 @@
-"""Small asyncio helpers shared by the processes."""
+"""General asyncio helpers: a task group that always ends, cancelling until done, shielded cleanup."""
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
+import logging
 import sys
-from collections.abc import Coroutine, Generator
+from collections.abc import Awaitable, Coroutine, Generator
 from types import TracebackType
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+log = logging.getLogger("shared.aio")
 
 
 async def cancel_until_done(task: asyncio.Future[Any], *, every_s: float = 0.2) -> None:
@@ -26,6 +29,33 @@ async def cancel_until_done(task: asyncio.Future[Any], *, every_s: float = 0.2) 
     while not task.done():
         task.cancel()
         await asyncio.wait([task], timeout=every_s)
+
+
+async def run_shielded(aw: Awaitable[T]) -> T:
+    """Run ``aw`` to completion even if the caller is cancelled meanwhile.
+
+    Returns:
+        What ``aw`` returned, when the caller was not cancelled.
+
+    Raises:
+        Whatever ``aw`` raised; or, when the caller was cancelled while
+        waiting, CancelledError after ``aw`` has finished (its result or error
+        is then dropped, with an error logged).
+    """
+    task = asyncio.ensure_future(aw)
+    cancelled: asyncio.CancelledError | None = None
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError as exc:
+            if task.cancelled():
+                raise  # the shielded work itself was cancelled (loop shutdown)
+            cancelled = exc
+    if cancelled is not None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("shielded cleanup failed during cancellation", exc_info=task.exception())
+        raise cancelled
+    return task.result()
 
 
 def raise_if_cancelling() -> None:
@@ -137,4 +167,4 @@ class TaskGroup(asyncio.TaskGroup):  # noqa: TID251 - the one subclass
                 self._parent_task.uncancel()  # type: ignore[attr-defined]
 
 
-__all__ = ["TaskGroup", "cancel_until_done", "raise_if_cancelling"]
+__all__ = ["TaskGroup", "cancel_until_done", "raise_if_cancelling", "run_shielded"]

@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Any
 
-from ._settings import LogSettings
+from .settings import LogSettings
 
 _RESERVED = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from ._errors import TransientError
-from ._settings import RetrySettings
+from .settings import RetrySettings
 
 T = TypeVar("T")
 

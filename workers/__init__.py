@@ -12,14 +12,16 @@ from typing import TYPE_CHECKING
 from shared._lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from ._core import STATE_VERSION, JobMeta
     from ._inflight import read_in_flight
-    from ._jobstate import STATE_VERSION, JobMeta
+    from ._probe import Probe
     from ._worker import Worker, run_worker
 
 _WHERE = {
     "read_in_flight": "._inflight",
-    "STATE_VERSION": "._jobstate",
-    "JobMeta": "._jobstate",
+    "STATE_VERSION": "._core",
+    "JobMeta": "._core",
+    "Probe": "._probe",
     "Worker": "._worker",
     "run_worker": "._worker",
 }
@@ -27,4 +29,4 @@ _WHERE = {
 __getattr__ = lazy_exports(__name__, _WHERE)
 
 
-__all__ = ["STATE_VERSION", "JobMeta", "Worker", "read_in_flight", "run_worker"]
+__all__ = ["STATE_VERSION", "JobMeta", "Probe", "Worker", "read_in_flight", "run_worker"]

@@ -1,21 +1,17 @@
 """What a shard's owner does for one dataset: commit, abort, recover, clean up a late attempt.
 
-Each body runs under the dataset's storage lock; statuses are recorded
-durably through the runner's state store. Mixed into
-:class:`workers._shard.ShardRunner`. An operator's ``retry`` / ``skip``
-(:class:`~workers._operator_requests.Operate`) is dispatched from here to
-:mod:`workers._operator_requests`.
+Each body runs under the dataset's storage lock (:meth:`Actions.locked`);
+statuses are recorded durably through the shard's ledger
+(:meth:`workers._ledger.ShardLedger.set_status`). An operator's ``retry`` /
+``skip`` is :mod:`workers._operator_requests`'s, which is given this class's
+:meth:`~Actions.locked`, :meth:`~Actions.commit` and :meth:`~Actions.after_commit`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
-
-import msgspec
 
 from shared._logging import kv
 from shared.commit import (
@@ -37,80 +33,40 @@ from shared.events import (
     Quarantined,
     RecoveryDone,
     lock_name,
-    manifest_key,
 )
 from shared.locks import HeldLease, StorageLock
-from shared.queue import DatasetResult
 
 from ._announce import announce_aborted, announce_committed, announce_from_manifest
 from ._context import WorkerContext
+from ._core import Abort, Action, CleanupAttempt, Commit, Recover, Status
 from ._housekeeping import note_quarantine
-from ._jobstate import (
-    Abort,
-    Action,
-    CleanupAttempt,
-    Commit,
-    Ended,
-    ShardJobs,
-    Status,
-)
-from ._operator_requests import Operate
-from ._state_store import Batch, ShardStateStore, attempt_fields
+from ._ledger import ShardLedger
 
 log = logging.getLogger("workers.shard")
 
 
-async def checkpoint(point: str) -> None:
-    """Mark a named point of the commit / abort path; does nothing.
+class Actions:
+    """Commits, aborts, recoveries and clean-ups of a shard's datasets (see the module doc).
 
-    A test seam: the crash-at-every-point test replaces it to stop a worker
-    exactly there (``commit.locked``, ``commit.done``, ``commit.announced``,
-    ``commit.saved``, ``abort.done``, ``abort.announced``). Returns None; never raises.
+    Given the worker's shared handles (``ctx``; its ``probe`` is awaited at
+    each named point of the commit path), the shard, and the shard's ledger
+    (the job state, where each new status is recorded).
     """
-    del point
 
+    def __init__(self, ctx: WorkerContext, shard: int, ledger: ShardLedger) -> None:
+        self.ctx = ctx
+        self.shard = shard
+        self._ledger = ledger
+        self._probe = ctx.probe
 
-class Recover(msgspec.Struct, frozen=True, kw_only=True):
-    """Finish an unfinished commit sequence found in ``_wal/`` (no job state needed)."""
+    async def locked(self, dataset: str, body: Callable[[HeldLease], Awaitable[None]]) -> None:
+        """Run ``body`` under ``dataset``'s storage lock (announcing a takeover of it first).
 
-    dataset: str
+        Raises:
+            LockTimeout, LockLost: as :meth:`StorageLock.hold`; whatever ``body`` raises.
 
-
-Work = Action | Recover | Operate
-
-
-def work_key(w: Work) -> tuple[object, ...]:
-    if isinstance(w, CleanupAttempt):
-        return ("cleanup", w.job, w.dataset, w.task, w.attempt)
-    if isinstance(w, Recover):
-        return ("recover", w.dataset)
-    return (type(w).__name__, w.job, w.dataset)
-
-
-class ActionsMixin:
-    """The action half of a shard runner."""
-
-    ctx: WorkerContext
-    shard: int
-    state: ShardJobs
-    store: ShardStateStore | None
-    stopping: asyncio.Event
-    _save_lock: asyncio.Lock
-
-    async def _save(self, batch: Batch) -> None:
-        raise NotImplementedError
-
-    async def _save_change(
-        self, job: str, change: Callable[[], Batch | None], saved: Callable[[], None] | None = None
-    ) -> None:
-        raise NotImplementedError
-
-    if TYPE_CHECKING:
-        # Provided by OperatorRequestsMixin (declared for type checking only: a placeholder
-        # here would hide it, as ShardRunner lists this mixin before that one).
-        async def _operate(self, work: Operate) -> None: ...
-
-    async def _locked(self, dataset: str, body: Callable[[HeldLease], Awaitable[None]]) -> None:
+        Cancellation: the lock is released on the way out (shielded, by the lock).
+        """
         ctx = self.ctx
         lock = StorageLock(
             ctx.store,
@@ -133,23 +89,26 @@ class ActionsMixin:
                 )
             await body(lease)
 
-    async def _do(self, work: Work) -> None:
+    async def do(self, work: Action | Recover) -> None:
+        """Carry ``work`` out once (the scheduler retries it when this raises).
+
+        Raises:
+            Fenced, TransientError, LockTimeout, LockLost, OutcomeUnknown: the work may be tried again.
+        """
         if isinstance(work, Commit):
-            await self._commit(work)
+            await self.commit(work)
         elif isinstance(work, Abort):
             await self._abort(work)
         elif isinstance(work, CleanupAttempt):
             await cleanup_staged_attempt(
                 self.ctx.store, work.job, work.dataset, work.task, work.attempt, settings=self.ctx.settings
             )
-        elif isinstance(work, Recover):
-            await self._recover(work)
         else:
-            await self._operate(work)
+            await self._recover(work)
 
-    async def _commit(self, work: Commit) -> None:
+    async def commit(self, work: Commit) -> None:
         ctx = self.ctx
-        winners = self.state.winners(work.job, work.dataset)
+        winners = self._ledger.state.winners(work.job, work.dataset)
         if winners is None:
             await self._commit_without_plan(work)
             return
@@ -177,17 +136,17 @@ class ActionsMixin:
                     epoch=lease.epoch,
                 )
             )
-            await checkpoint("commit.locked")
+            await self._probe("commit.locked")
             result = await commit_dataset(
                 ctx.store, req, lease, ctx.settings, extra_steps=self._table_steps(req)
             )
-            await self._after_commit(result, lease.epoch)
+            await self.after_commit(result, lease.epoch)
 
-        await self._locked(work.dataset, body)
+        await self.locked(work.dataset, body)
 
     def _table_steps(self, req: CommitRequest) -> list[CommitToTable]:
         """The table step of a bound dataset (the job's binding, else the fleet's), else none."""
-        meta = self.state.jobs.get(req.job)
+        meta = self._ledger.state.jobs.get(req.job)
         binding = resolve_binding(self.ctx.settings, req.dataset, meta.tables if meta is not None else None)
         return [] if binding is None else [table_step(req, binding)]
 
@@ -206,23 +165,23 @@ class ActionsMixin:
             return
         if await read_manifest(self.ctx.store, work.dataset, work.job) is not None:
             await announce_from_manifest(self.ctx, work.dataset, work.job, 0)
-            await self._set_status(work.job, work.dataset, "committed")
+            await self._ledger.set_status(work.job, work.dataset, "committed")
             return
         log.error("commit scheduled without a complete set of winners", extra=kv(work=repr(work)))
 
     def _still_committing(self, work: Commit) -> bool:
         """Return True while the job state still has ``work``'s dataset committing or blocked."""
-        meta = self.state.jobs.get(work.job)
+        meta = self._ledger.state.jobs.get(work.job)
         ds = meta.datasets.get(work.dataset) if meta is not None else None
         return ds is not None and ds.status in ("committing", "blocked")
 
-    async def _after_commit(self, result: CommitResult, epoch: int) -> None:
+    async def after_commit(self, result: CommitResult, epoch: int) -> None:
         ctx = self.ctx
         status: Status
         reason = result.quarantined or ""
         if result.status == "committed":
             status = "committed"
-            await checkpoint("commit.done")
+            await self._probe("commit.done")
             # Also when the commit was found done (``already_committed``): the
             # holder that finished it may have died before announcing it.
             await announce_committed(
@@ -275,9 +234,9 @@ class ActionsMixin:
             # Status reads quarantines from this record: keep it current now (a recovery's
             # sequence has no job record to show it), not at the next session start.
             await note_quarantine(ctx, self.shard, result.dataset, result.job, reason)
-        await checkpoint("commit.announced")
-        await self._set_status(result.job, result.dataset, status, reason)
-        await checkpoint("commit.saved")
+        await self._probe("commit.announced")
+        await self._ledger.set_status(result.job, result.dataset, status, reason)
+        await self._probe("commit.saved")
 
     async def _abort(self, work: Abort) -> None:
         ctx = self.ctx
@@ -288,24 +247,24 @@ class ActionsMixin:
             result = await abort_dataset(ctx.store, work.dataset, work.job, lease, ctx.settings)
             if result.status == "commit_in_progress":
                 # A commit that has written its WAL wins over the abort.
-                await self._set_status(work.job, work.dataset, "committing")
+                await self._ledger.set_status(work.job, work.dataset, "committing")
                 commit_wins = True
                 return
-            await checkpoint("abort.done")
+            await self._probe("abort.done")
             if result.status == "already_committed":
                 await announce_from_manifest(self.ctx, work.dataset, work.job, lease.epoch)
-                await checkpoint("abort.announced")
-                await self._set_status(work.job, work.dataset, "committed")
+                await self._probe("abort.announced")
+                await self._ledger.set_status(work.job, work.dataset, "committed")
                 return
             # Redone after a crash, the files are gone already (files_deleted
             # counts what this call deleted); the event is announced once.
             await announce_aborted(self.ctx, work.dataset, work.job, work.reason, result.files_deleted)
-            await checkpoint("abort.announced")
-            await self._set_status(work.job, work.dataset, "aborted", work.reason)
+            await self._probe("abort.announced")
+            await self._ledger.set_status(work.job, work.dataset, "aborted", work.reason)
 
-        await self._locked(work.dataset, body)
+        await self.locked(work.dataset, body)
         if commit_wins:
-            await self._commit(Commit(job=work.job, dataset=work.dataset))
+            await self.commit(Commit(job=work.job, dataset=work.dataset))
 
     async def _recover(self, work: Recover) -> None:
         ctx = self.ctx
@@ -313,66 +272,14 @@ class ActionsMixin:
         async def body(lease: HeldLease) -> None:
             recovery = await recover_dataset(ctx.store, work.dataset, lease, ctx.settings)
             for result in recovery.results:
-                await self._after_commit(result, lease.epoch)
+                await self.after_commit(result, lease.epoch)
             if recovery.blocked_by is not None:
                 log.warning(
                     "dataset blocked by a quarantined sequence",
                     extra=kv(dataset=work.dataset, job=recovery.blocked_by, reason=recovery.reason),
                 )
 
-        await self._locked(work.dataset, body)
-
-    async def _set_status(self, job: str, dataset: str, status: Status, reason: str = "") -> None:
-        """Record a dataset's new status durably; end the job when all its datasets are done.
-
-        The status, the result and the job's end are applied and saved under
-        the save lock, and put back should the save fail (see ``_save_change``).
-
-        Raises:
-            Fenced, TransientError: the save failed; nothing changed in memory.
-        """
-        ending: list[Ended] = []  # the job's end, when this change ends it
-
-        def change() -> Batch | None:
-            meta = self.state.set_status(job, dataset, status, reason)
-            if meta is None:
-                return None
-            self.state.jobs[job] = meta
-            batch = Batch(jobs={job})
-            result = self._result(job, dataset, status, reason)
-            if result is not None:
-                batch.results[(job, dataset)] = result
-            done = self.state.job_done(job)
-            if done is not None:
-                batch.drop_attempts.extend(attempt_fields(self.state, job))
-                # Only the end record before the save (the save writes it); the
-                # job's records go once it is durable (see _save_change).
-                ending.append(Ended(status=done, at=time.time()))
-                self.state.ended[job] = ending[0]
-                batch.jobs.discard(job)
-                batch.ended.add(job)
-            return batch
-
-        def saved() -> None:
-            if ending:
-                self.state.end_job(job, ending[0].status, ending[0].at)
-
-        await self._save_change(job, change, saved)
-
-    def _result(self, job: str, dataset: str, status: Status, reason: str) -> DatasetResult | None:
-        """Return the outcome record the job's driver reads, for a status it waits for (else None)."""
-        if status == "committed":
-            winners = self.state.winners(job, dataset) or []
-            return DatasetResult(
-                status="committed",
-                files=sum(len(a.files) for a in winners),
-                bytes=sum(f.size for a in winners for f in a.files),
-                manifest=manifest_key(dataset, job),
-                at=time.time(),
-            )
-        if status in ("aborted", "quarantined", "blocked"):
-            return DatasetResult(status=status, reason=reason, at=time.time())
-        return None
+        await self.locked(work.dataset, body)
 
 
-__all__ = ["ActionsMixin", "Recover", "Work", "work_key"]
+__all__ = ["Actions"]

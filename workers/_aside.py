@@ -23,7 +23,7 @@ from shared.events import ShardSetAside
 from shared.queue import as_text, redis_errors
 
 from ._context import WorkerContext
-from ._jobstate import ShardJobs
+from ._core import ShardJobs
 from ._state_store import ShardStateStore, ShardStateUnreadable
 
 log = logging.getLogger("workers.shard")

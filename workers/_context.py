@@ -17,6 +17,8 @@ from shared.queue import AdminPublisher, Keys, redis_errors
 from shared.queue._admin_stream import Outcome
 from shared.storage import ObjectStore
 
+from ._probe import Probe, no_probe
+
 
 @dataclass(slots=True)
 class Counters:
@@ -51,6 +53,8 @@ class WorkerContext:
     counters: Counters = field(default_factory=Counters)
     # Release notices from other processes (run by the worker); None: lock waiters poll only.
     notifier: SharedReleaseNotifier | None = None
+    # Awaited at each named point of the commit path and intake (a test's hook; by default nothing).
+    probe: Probe = no_probe
 
     async def emit(self, ev: AdminEvent) -> None:
         """Publish an admin event (retried inside the publisher; informational)."""

@@ -1,17 +1,20 @@
 """A shard's intake: decode, validate and route each entry, fold it into the job state,
 make it durable together with its acknowledgement, then hand its actions on.
 
-Mixed into :class:`workers._shard.ShardRunner`; the runner owns the state and the tasks.
+An :class:`Intake` is given the shard's consumer (it reads, dead-letters,
+takes what a save read ahead), the shard's ledger (the job state it folds
+decisions into, the save lock it saves under), where its actions go
+(``schedule``), whether the shard's queue has room (``has_room``) and the
+shard's stop event. The runner decides when to read; this judges and saves.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 from shared import ConfigError, LockLost, TransientError
 from shared._logging import kv
@@ -28,16 +31,10 @@ from shared.events import (
 from shared.queue import Entry, ShardConsumer, shard_of
 
 from ._context import WorkerContext
-from ._decide import decide
-from ._jobstate import (
-    Action,
-    Decision,
-    Ended,
-    JobMeta,
-    ShardJobs,
-)
+from ._core import Action, Decision, decide
+from ._ledger import ShardLedger
 from ._save_pipe import send_save
-from ._state_store import Batch, Prepared, ShardStateStore
+from ._state_store import Batch, Prepared
 
 log = logging.getLogger("workers.shard")
 
@@ -63,23 +60,30 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-class IntakeMixin:
-    """The intake half of a shard runner."""
+class Intake:
+    """A shard's intake (see the module doc)."""
 
-    ctx: WorkerContext
-    shard: int
-    state: ShardJobs
-    store: ShardStateStore | None
-    stopping: asyncio.Event
-    _save_lock: asyncio.Lock
-    _save_wanted: int
-    _consumer: ShardConsumer
-
-    def _schedule(self, work: Action) -> None:
-        raise NotImplementedError
-
-    def _has_room(self) -> bool:
-        raise NotImplementedError
+    def __init__(
+        self,
+        ctx: WorkerContext,
+        shard: int,
+        *,
+        consumer: ShardConsumer,
+        ledger: ShardLedger,
+        schedule: Callable[[Action], None],
+        has_room: Callable[[], bool],
+        stopping: asyncio.Event,
+    ) -> None:
+        """``schedule`` queues an action once its batch is saved; ``has_room`` says whether the
+        shard's queue may take more; ``stopping`` is set when the shard stops (read only)."""
+        self.ctx = ctx
+        self.shard = shard
+        self._consumer = consumer
+        self._ledger = ledger
+        self._schedule = schedule
+        self._has_room = has_room
+        self._stopping = stopping
+        self._probe = ctx.probe
 
     def _mine(self, ev: QueueEvent, shards: int) -> QueueEvent:
         """Return ``ev`` when every dataset it names belongs to this shard (of ``shards``).
@@ -139,7 +143,7 @@ class IntakeMixin:
             ev = self._mine(
                 decode_entry(entry.fields, limits=limits, stream=stream, entry_id=entry.id), shards
             )
-            d = decide(self.state, ev, now=now, default_timeout=timeout)
+            d = decide(self._ledger.state, ev, now=now, default_timeout=timeout)
         except InvalidMessage as exc:
             return exc
         except _NOT_ABOUT_THE_ENTRY:
@@ -156,7 +160,7 @@ class IntakeMixin:
             return InvalidMessage(d.reject, d.note)
         return d
 
-    async def _process(self, entries: list[Entry], *, read_next: int = 0) -> list[Entry]:
+    async def process(self, entries: list[Entry], *, read_next: int = 0) -> list[Entry]:
         """Judge each entry, make the batch durable with its acknowledgements, then schedule its actions.
 
         Rejected entries are dead-lettered (and acknowledged) one by one as
@@ -178,16 +182,17 @@ class IntakeMixin:
         # change) writes the metadata of the jobs it names as the state has it, and
         # must never write decisions of this batch before this batch's own save
         # (their records and acknowledgements) is durable.
-        async with self._save_lock:
+        async with self._ledger.save_lock:
             batch, todo, rejected, duplicates = await self._judge_all(entries)
-            assert self.store is not None
-            ahead = await self.store.save(batch, self.state, read_next=read_next)
+            store = self._ledger.store
+            assert store is not None
+            ahead = await store.save(batch, self._ledger.state, read_next=read_next)
         self._count(len(entries), rejected, duplicates)
         for action in todo:
             self._schedule(action)
         return self._consumer.took(ahead)
 
-    async def _process_ahead(self, entries: list[Entry], size: int) -> list[Entry]:
+    async def process_ahead(self, entries: list[Entry], size: int) -> list[Entry]:
         """Process ``entries`` (a full batch) and the backlog behind it, each batch judged while
         Redis runs the save of the one before (``workers._save_pipe``).
 
@@ -202,20 +207,21 @@ class IntakeMixin:
             processes them, like those read by a save.
 
         Raises:
-            Fenced, TransientError: as :meth:`_process`; what was not saved
+            Fenced, TransientError: as :meth:`process`; what was not saved
                 stays pending, and the session's next start reloads the state.
 
         Cancellation: the save on the wire is dropped (its outcome unknown:
             it is atomic and idempotent); what was not saved stays pending.
         """
-        store = self.store
+        store = self._ledger.store
         assert store is not None
         todo: list[Action] = []
         tally = [0, 0, 0]  # judged, rejected, duplicates
         held: list[Entry] = []
-        async with self._save_lock:
+        async with self._ledger.save_lock:
             prep = await self._judge_prepared(entries, todo, tally)
             # Two batches read: one to judge while the next save runs.
+            await self._probe("intake.run")
             sent = await send_save(store, prep, 2 * size)
             try:
                 rounds = 1
@@ -233,8 +239,8 @@ class IntakeMixin:
                     more = (
                         len(new) >= sent.asked
                         and rounds < _RUN
-                        and not self.stopping.is_set()
-                        and not self._save_wanted
+                        and not self._stopping.is_set()
+                        and not self._ledger.save_wanted
                         and self._has_room()
                     )
                     sent = await send_save(store, after, size if more else 0)
@@ -252,13 +258,15 @@ class IntakeMixin:
     async def _judge_prepared(self, entries: list[Entry], todo: list[Action], tally: list[int]) -> Prepared:
         """Judge ``entries`` (see :meth:`_judge_all`), add their actions to ``todo`` and their
         figures to ``tally``; return their save, encoded now."""
+        await self._probe("intake.judge")
         batch, actions, rejected, duplicates = await self._judge_all(entries)
         todo += actions
         tally[0] += len(entries)
         tally[1] += rejected
         tally[2] += duplicates
-        assert self.store is not None
-        return self.store.prepare(batch, self.state)
+        store = self._ledger.store
+        assert store is not None
+        return store.prepare(batch, self._ledger.state)
 
     def _count(self, judged: int, rejected: int, duplicates: int) -> None:
         counters = self.ctx.counters
@@ -276,7 +284,12 @@ class IntakeMixin:
         todo: list[Action] = []
         rejected = duplicates = 0
         # Bound once: this loop runs per event.
-        judge, apply, acked, attempts = self._judge, self.state.apply, batch.ack.append, batch.attempts
+        judge, apply, acked, attempts = (
+            self._judge,
+            self._ledger.state.apply,
+            batch.ack.append,
+            batch.attempts,
+        )
         add_job = batch.jobs.add
         limits, stream, settings = self.ctx.limits, self._consumer.stream, self.ctx.settings
         timeout, shards = settings.worker.job_timeout, settings.fleet.shards
@@ -320,82 +333,5 @@ class IntakeMixin:
                 )
             )
 
-    @contextlib.asynccontextmanager
-    async def _save_turn(self) -> AsyncIterator[None]:
-        """Hold the save lock, counted in ``_save_wanted`` while waiting for it (a run of
-        saves sent ahead ends early for it). Cancelled while waiting: re-raised, nothing held."""
-        self._save_wanted += 1
-        try:
-            await self._save_lock.acquire()
-        finally:
-            self._save_wanted -= 1
-        try:
-            yield
-        finally:
-            self._save_lock.release()
 
-    async def _save(self, batch: Batch) -> None:
-        assert self.store is not None
-        async with self._save_turn():
-            await self.store.save(batch, self.state)
-
-    async def _save_change(
-        self, job: str, change: Callable[[], Batch | None], saved: Callable[[], None] | None = None
-    ) -> None:
-        """Apply ``change`` to ``job``'s records, save the batch it returns, then call ``saved``;
-        all under the save lock.
-
-        Another save writes the metadata of the jobs it names as the state has
-        it: were the change applied before the lock is ours, a save queued
-        before it could write it (a dataset marked committed, say) ahead of the
-        change's own records (the result its driver reads, the job's end), and
-        a crash in between would lose them. ``change`` returns None when there
-        is nothing to save; it may change ``job``'s metadata and end record
-        only (what is put back on failure). What may only happen once the save
-        is durable (dropping an ended job's attempts) is ``saved``'s: so a
-        failed save never has to rebuild them, and a status change costs no
-        copy of the job's attempts.
-
-        Raises:
-            Fenced, TransientError: as :meth:`ShardStateStore.save`; ``job``'s
-                records are then put back as they were, so that a retry makes
-                the same change again (the writes are idempotent).
-
-        Cancelled: ``job``'s records are put back too, then it is re-raised.
-        """
-        assert self.store is not None
-        async with self._save_turn():
-            before = _records_of(self.state, job)
-            try:
-                batch = change()
-                if batch is not None:
-                    await self.store.save(batch, self.state)
-            except BaseException:
-                _put_back(self.state, job, before)
-                raise
-            if saved is not None:
-                saved()
-
-
-_JobRecords = tuple[JobMeta | None, Ended | None]
-
-
-def _records_of(state: ShardJobs, job: str) -> _JobRecords:
-    """Return what a change may alter of ``job`` in ``state`` (its metadata and end), to put back later.
-
-    Constant time: the job's attempts are not part of it (a change leaves them
-    alone; :meth:`IntakeMixin._save_change`).
-    """
-    return state.jobs.get(job), state.ended.get(job)
-
-
-def _put_back(state: ShardJobs, job: str, records: _JobRecords) -> None:
-    meta, ended = records
-    if meta is None:
-        state.jobs.pop(job, None)
-    else:
-        state.jobs[job] = meta
-    if ended is None:
-        state.ended.pop(job, None)
-    else:
-        state.ended[job] = ended
+__all__ = ["Intake"]

@@ -2,14 +2,15 @@
 
 ``commitfleet retry`` / ``skip`` (or the console) leave a request in the
 shard's ``operator`` hash; the shard's owner reads them on every tick
-(:meth:`OperatorRequestsMixin._operator_requests`) and schedules each as an
-:class:`Operate`, which :meth:`OperatorRequestsMixin._operate` carries out:
+(:meth:`OperatorRequests.pending`) and schedules each as an
+:class:`~workers._core.Operate`, which :meth:`OperatorRequests.operate` carries out:
 it verifies the request (refused once and dropped when forged, replayed or
 unsigned while signing is on), runs it under the dataset's storage lock,
 announces the outcome (``operator_action``) and drops the request.
 
-Mixed into :class:`workers._shard.ShardRunner`, which takes the commit side
-(:class:`workers._actions.ActionsMixin`) from its other bases.
+An :class:`OperatorRequests` is given the commit side it runs the request
+with (:class:`CommitSide`: the shard's :class:`workers._actions.Actions`) and
+the shard's ledger, where the new status is recorded.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Literal
+from typing import Literal, Protocol
 
 import msgspec
 
@@ -30,39 +31,41 @@ from shared.queue import as_text, redis_errors
 
 from ._announce import announce_aborted, announce_from_manifest
 from ._context import WorkerContext
+from ._core import Commit, Operate
 from ._housekeeping import note_quarantine
-from ._jobstate import Commit, ShardJobs, Status
+from ._ledger import ShardLedger
 
 log = logging.getLogger("workers.shard")
 
 
-class Operate(msgspec.Struct, frozen=True, kw_only=True):
-    """An operator's ``retry`` or ``skip`` of a quarantined sequence (``op`` as requested)."""
+class CommitSide(Protocol):
+    """What an operator request needs of the shard's actions (:class:`workers._actions.Actions`)."""
 
-    dataset: str
-    job: str
-    op: str
+    async def locked(self, dataset: str, body: Callable[[HeldLease], Awaitable[None]]) -> None:
+        """Run ``body`` under ``dataset``'s storage lock."""
+
+    async def commit(self, work: Commit) -> None:
+        """Commit ``work``'s dataset (from the job state, else from the store)."""
+
+    async def after_commit(self, result: CommitResult, epoch: int) -> None:
+        """Announce ``result`` and record the dataset's new status."""
 
 
-class OperatorRequestsMixin:
-    """The operator-request part of a shard runner."""
+class OperatorRequests:
+    """Reads a shard's operator requests and carries each out (see the module doc)."""
 
-    ctx: WorkerContext
-    shard: int
-    state: ShardJobs
+    def __init__(self, ctx: WorkerContext, shard: int, ledger: ShardLedger, actions: CommitSide) -> None:
+        self.ctx = ctx
+        self.shard = shard
+        self._ledger = ledger
+        self._actions = actions
 
-    if TYPE_CHECKING:
-        # Provided by ActionsMixin (declared for type checking only, so that no placeholder
-        # here can hide the real methods, whatever the order of ShardRunner's bases).
-        async def _locked(self, dataset: str, body: Callable[[HeldLease], Awaitable[None]]) -> None: ...
+    async def pending(self) -> list[Operate]:
+        """Return the shard's operator requests, as left in its ``operator`` hash.
 
-        async def _commit(self, work: Commit) -> None: ...
-
-        async def _after_commit(self, result: CommitResult, epoch: int) -> None: ...
-
-        async def _set_status(self, job: str, dataset: str, status: Status, reason: str = "") -> None: ...
-
-    async def _operator_requests(self) -> list[Operate]:
+        Raises:
+            TransientError: Redis unavailable.
+        """
         key = self.ctx.keys.shard_state(self.shard, "operator")
         with redis_errors("read operator requests"):
             raw = await self.ctx.redis.hgetall(key)
@@ -93,7 +96,12 @@ class OperatorRequestsMixin:
             )
         )
 
-    async def _operate(self, work: Operate) -> None:
+    async def operate(self, work: Operate) -> None:
+        """Verify ``work`` and carry it out under its dataset's lock; announce it and drop the request.
+
+        Raises:
+            Fenced, TransientError, LockTimeout, LockLost: the request stays, tried again.
+        """
         ctx = self.ctx
         key = ctx.keys.shard_state(self.shard, "operator")
         try:
@@ -113,7 +121,7 @@ class OperatorRequestsMixin:
             if work.op == "retry":
                 action = "retry"
                 result = await retry_quarantined(ctx.store, work.dataset, work.job, lease, ctx.settings)
-                await self._after_commit(result, lease.epoch)
+                await self._actions.after_commit(result, lease.epoch)
                 if result.status != "quarantined":
                     await note_quarantine(ctx, self.shard, work.dataset, work.job, None)
             else:
@@ -122,11 +130,11 @@ class OperatorRequestsMixin:
                 if skipped.outcome == "forgotten":
                     # The manifest was there: the commit is complete, only its log was dropped.
                     await announce_from_manifest(self.ctx, work.dataset, work.job, lease.epoch)
-                    await self._set_status(work.job, work.dataset, "committed")
+                    await self._ledger.set_status(work.job, work.dataset, "committed")
                 else:
                     deleted = skipped.published_deleted + skipped.staged_deleted
                     await announce_aborted(self.ctx, work.dataset, work.job, "skipped by operator", deleted)
-                    await self._set_status(work.job, work.dataset, "aborted", "skipped by operator")
+                    await self._ledger.set_status(work.job, work.dataset, "aborted", "skipped by operator")
                 await note_quarantine(ctx, self.shard, work.dataset, work.job, None)
             await ctx.emit(
                 OperatorAction(
@@ -136,7 +144,7 @@ class OperatorRequestsMixin:
 
         if work.op in ("retry", "skip"):
             try:
-                await self._locked(work.dataset, body)
+                await self._actions.locked(work.dataset, body)
             except (BadInput, NotFound, CommitStepFailed) as exc:
                 # The request cannot apply (and never will): say so once, drop it.
                 await self._refuse(work, "retry" if work.op == "retry" else "skip", str(exc))
@@ -146,10 +154,10 @@ class OperatorRequestsMixin:
             await ctx.redis.hdel(key, f"{work.dataset}/{work.job}")
         # A dataset blocked behind the quarantined sequence can go on now (in
         # this task: it already holds an in-flight slot and the dataset's turn).
-        for meta in list(self.state.jobs.values()):
+        for meta in list(self._ledger.state.jobs.values()):
             ds = meta.datasets.get(work.dataset)
             if ds is not None and ds.status == "blocked":
-                await self._commit(Commit(job=meta.job, dataset=work.dataset))
+                await self._actions.commit(Commit(job=meta.job, dataset=work.dataset))
 
 
-__all__ = ["Operate", "OperatorRequestsMixin"]
+__all__ = ["CommitSide", "OperatorRequests"]

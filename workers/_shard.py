@@ -11,12 +11,12 @@ A :class:`ShardRunner` runs while the worker owns the shard. Its life:
 2. Intake: our own pending entries first, then new ones, in batches. Each
    entry is decoded and validated (a bad one goes to the dead-letter stream
    with its reason, and never stops the shard), folded into the job state
-   (``_decide.decide``) and made durable together with its
+   (``_core.decide``) and made durable together with its
    acknowledgement (``ShardStateStore.save``). Only then do its actions run.
 3. Actions (commit / abort / clean up a late attempt) are queued and run as
    tasks owned by the runner, bounded by the worker-wide in-flight semaphore,
    in turn across jobs and one at a time per dataset, each under the dataset's
-   storage lock (:mod:`._scheduling`). Intake reads on while work is queued,
+   storage lock (:mod:`._scheduler`). Intake reads on while work is queued,
    and pauses while the queue holds ``worker.max_queued_work`` pieces
    (back-pressure, not unbounded memory).
 4. Stop (shard taken away or worker draining): intake stops, queued and
@@ -27,10 +27,18 @@ A :class:`ShardRunner` runs while the worker owns the shard. Its life:
 A transient Redis error restarts the session (state reloaded, pending
 re-read); losing the owner token (:class:`~shared.Fenced`) ends the runner.
 
-The runner's parts live in mixins: intake (:mod:`._intake`), running work as
-tasks (:mod:`._scheduling`), the work on one dataset (:mod:`._actions`) and
-operator requests (:mod:`._operator_requests`); this module holds its life
-(sessions, drain) and its tick.
+The runner is composed of parts that each own their state and are given
+what they need when it builds them:
+
+- the ledger (:mod:`._ledger`): the job state, the session's state store, the save lock;
+- the scheduler (:mod:`._scheduler`): the work queue, the work queued or
+  running, the tasks; it runs each piece through :meth:`ShardRunner._do`;
+- the intake (:mod:`._intake`): judges and saves what the consumer reads,
+  then hands the actions to the scheduler;
+- the actions (:mod:`._actions`): commit, abort, recover, clean up;
+- the operator requests (:mod:`._operator_requests`), run with the actions.
+
+This module holds the runner's life (sessions, drain) and its tick.
 """
 
 from __future__ import annotations
@@ -56,23 +64,29 @@ from shared.events import (
 from shared.fleet import ReportingTaskGroup
 from shared.queue import Entry, ShardConsumer, redis_errors, shard_of
 
-from ._actions import ActionsMixin, Recover
+from ._actions import Actions
 from ._aside import load_or_set_aside
 from ._context import WorkerContext
-from ._decide import all_tasks_in
-from ._housekeeping import record_quarantined, trim_shard
-from ._inflight import InFlightBoard, work_label
-from ._intake import IntakeMixin
-from ._jobstate import (
+from ._core import (
     Abort,
     Commit,
-    ShardJobs,
+    Operate,
+    Recover,
+    TimedOut,
+    Work,
+    all_tasks_in,
+    assume_alive,
+    live_jobs,
+    observe,
+    timed_out,
 )
-from ._liveness import TimedOut, assume_alive, live_jobs, observe, timed_out
-from ._operator_requests import OperatorRequestsMixin
-from ._scheduling import QueuedWork, SchedulingMixin
+from ._housekeeping import record_quarantined, trim_shard
+from ._inflight import InFlightBoard, work_label
+from ._intake import Intake
+from ._ledger import ShardLedger
+from ._operator_requests import OperatorRequests
+from ._scheduler import Scheduler
 from ._state_store import Batch, ShardStateStore
-from ._work_queue import WorkQueue
 
 log = logging.getLogger("workers.shard")
 
@@ -80,27 +94,13 @@ log = logging.getLogger("workers.shard")
 TICK_S = 1.0
 
 
-class ShardRunner(SchedulingMixin, IntakeMixin, ActionsMixin, OperatorRequestsMixin):
-    """Runs one shard for as long as the worker owns it (see the module doc).
-
-    The order of the bases matters: a mixin's ``raise NotImplementedError``
-    placeholder must come after the mixin that provides the method
-    (SchedulingMixin's ``_schedule`` before IntakeMixin's placeholder,
-    IntakeMixin's ``_save`` before ActionsMixin's).
-    """
+class ShardRunner:
+    """Runs one shard for as long as the worker owns it (see the module doc)."""
 
     def __init__(self, ctx: WorkerContext, shard: int) -> None:
         self.ctx = ctx
         self.shard = shard
         self.stopping = asyncio.Event()
-        self.state = ShardJobs()
-        self.store: ShardStateStore | None = None
-        self._running: set[tuple[object, ...]] = set()
-        self._queue: WorkQueue[QueuedWork] = WorkQueue()
-        self._queue_changed = asyncio.Event()
-        self._save_lock = asyncio.Lock()
-        self._save_wanted = 0  # saves waiting for the lock (see IntakeMixin._save_turn)
-        self._tasks: set[asyncio.Task[None]] = set()
         self._last_tick = 0.0
         self._last_trim = 0.0
         self._seen: dict[str, float] = {}  # job -> when its liveness key was last seen
@@ -113,11 +113,39 @@ class ShardRunner(SchedulingMixin, IntakeMixin, ActionsMixin, OperatorRequestsMi
             consumer=ctx.worker_id,
             max_copy_bytes=ctx.settings.security.max_message_bytes,
         )
+        self.ledger = ShardLedger()
+        self.actions = Actions(ctx, shard, self.ledger)
+        self.operator = OperatorRequests(ctx, shard, self.ledger, self.actions)
+        self.scheduler = Scheduler(
+            do=self._do,
+            inflight=ctx.inflight,
+            max_queued=ctx.settings.worker.max_queued_work,
+            worker_id=ctx.worker_id,
+            board=self.board,
+            stopping=self.stopping,
+        )
+        self.intake = Intake(
+            ctx,
+            shard,
+            consumer=self._consumer,
+            ledger=self.ledger,
+            schedule=self.scheduler.schedule,
+            has_room=self.scheduler.has_room,
+            stopping=self.stopping,
+        )
 
     def request_stop(self) -> None:
         """Ask the runner to stop intake and drain (idempotent)."""
         self.stopping.set()
-        self._queue_changed.set()  # wakes an intake paused for room (SchedulingMixin._wait_room)
+        self.scheduler.wake()  # wakes an intake paused for room (Scheduler.wait_room)
+
+    async def _do(self, work: Work) -> None:
+        """Carry out one piece of work: an operator request by the operator requests, the rest by
+        the actions (raises as they do: the scheduler retries)."""
+        if isinstance(work, Operate):
+            await self.operator.operate(work)
+        else:
+            await self.actions.do(work)
 
     # -- life ---------------------------------------------------------------------------
 
@@ -134,9 +162,8 @@ class ShardRunner(SchedulingMixin, IntakeMixin, ActionsMixin, OperatorRequestsMi
         try:
             # A bug in the session or in an action is reported to the process at once.
             async with ReportingTaskGroup(f"shard {self.shard}") as tg:
-                self._tg = tg
                 writer = tg.create_task(self.board.run())
-                dispatcher = tg.create_task(self._dispatch())
+                dispatcher = tg.create_task(self.scheduler.dispatch(tg))
                 while not self.stopping.is_set():
                     try:
                         await self._session()
@@ -170,29 +197,24 @@ class ShardRunner(SchedulingMixin, IntakeMixin, ActionsMixin, OperatorRequestsMi
         clean-up of a late attempt, which is in neither: its files stay
         staged, as after a crash, and ``audit`` reports them).
         """
-        if self._queue.datasets:
+        scheduler = self.scheduler
+        if scheduler.queue.datasets:
             log.info(
                 "draining shard",
-                extra=kv(shard=self.shard, queued=len(self._queue), in_flight=len(self._tasks)),
+                extra=kv(shard=self.shard, queued=len(scheduler.queue), in_flight=len(scheduler.tasks)),
             )
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.ctx.settings.worker.drain_grace):
-                    while self._queue.datasets:
-                        self._queue_changed.clear()
-                        await self._queue_changed.wait()
+            await scheduler.settle(self.ctx.settings.worker.drain_grace)
         await cancel_until_done(dispatcher)  # first: it must start nothing more
         # Each releases its lock on the way out; its WAL stays for the next owner.
-        await asyncio.gather(*(cancel_until_done(t) for t in list(self._tasks) if not t.done()))
-        for item in self._queue.clear():
-            self._running.discard(item.key)
-            self.board.drop(work_label(item.key))
+        await scheduler.cancel_running()
+        scheduler.forget_queued()
 
     async def _session(self) -> None:
         ctx = self.ctx
         token = await ctx.registry.owner_token(self.shard)
         if token is None or not token.decode().startswith(f"{ctx.worker_id}@"):
             raise Fenced(f"shard {self.shard} owner token is {token!r}, not ours")
-        self.store = ShardStateStore(
+        store = ShardStateStore(
             ctx.redis,
             ctx.keys,
             self.shard,
@@ -202,11 +224,12 @@ class ShardRunner(SchedulingMixin, IntakeMixin, ActionsMixin, OperatorRequestsMi
             results_max=ctx.settings.queue.results_max,
             consumer=self._consumer.consumer,
         )
-        state = await load_or_set_aside(ctx, self.store, self.stopping)  # waits while unreadable
+        self.ledger.begin(store)
+        state = await load_or_set_aside(ctx, store, self.stopping)  # waits while unreadable
         if state is None:
             return
-        self.state = state
-        await self.board.keep_only({work_label(k) for k in self._running})
+        self.ledger.load(state)
+        await self.board.keep_only({work_label(k) for k in self.scheduler.running})
         await self._consumer.ensure_group()
         await self._claim_others(forget_idle=True)
         await self._resume_work()
@@ -215,7 +238,7 @@ class ShardRunner(SchedulingMixin, IntakeMixin, ActionsMixin, OperatorRequestsMi
             entries = await self._consumer.read_pending(ctx.settings.worker.read_batch, after)
             if not entries:
                 break
-            await self._process(entries)
+            await self.intake.process(entries)
             after = entries[-1].id
         size = ctx.settings.worker.read_batch
         ahead: list[Entry] = []
@@ -225,9 +248,9 @@ class ShardRunner(SchedulingMixin, IntakeMixin, ActionsMixin, OperatorRequestsMi
             if ahead:
                 entries, ahead = ahead, []
             else:
-                while not self._has_room() and not self.stopping.is_set():
+                while not self.scheduler.has_room() and not self.stopping.is_set():
                     # Paused for room: the tick goes on (timeouts, operator requests, takeovers).
-                    await self._wait_room(TICK_S)
+                    await self.scheduler.wait_room(TICK_S)
                     await self._tick_if_due()
                 if self.stopping.is_set():
                     break
@@ -235,11 +258,11 @@ class ShardRunner(SchedulingMixin, IntakeMixin, ActionsMixin, OperatorRequestsMi
             if entries:
                 # A full batch says there is a backlog: its save reads the next one
                 # (same round trip), unless the shard is stopping or has no room.
-                more = len(entries) >= size and not self.stopping.is_set() and self._has_room()
-                if more and self.store is not None and self.store.sends_ahead:
-                    ahead = await self._process_ahead(entries, size)
+                more = len(entries) >= size and not self.stopping.is_set() and self.scheduler.has_room()
+                if more and store.sends_ahead:
+                    ahead = await self.intake.process_ahead(entries, size)
                 else:
-                    ahead = await self._process(entries, read_next=size if more else 0)
+                    ahead = await self.intake.process(entries, read_next=size if more else 0)
             await self._tick_if_due()
 
     async def _tick_if_due(self) -> None:
@@ -272,18 +295,19 @@ class ShardRunner(SchedulingMixin, IntakeMixin, ActionsMixin, OperatorRequestsMi
     async def _tick(self) -> None:
         claimed = await self._claim_others()
         if claimed:
-            await self._process(claimed)
+            await self.intake.process(claimed)
         await self._check_liveness()
-        for op in await self._operator_requests():
-            self._schedule(op)
+        for op in await self.operator.pending():
+            self.scheduler.schedule(op)
         q = self.ctx.settings.queue
         now = time.time()
-        old = [job for job, e in self.state.ended.items() if e.at < now - q.ended_retention]
+        state = self.ledger.state
+        old = [job for job, e in state.ended.items() if e.at < now - q.ended_retention]
         if old:
-            assert self.store is not None
-            await self.store.forget_ended(old)
+            assert self.ledger.store is not None
+            await self.ledger.store.forget_ended(old)
             for job in old:
-                del self.state.ended[job]
+                del state.ended[job]
         if q.trim_interval and time.monotonic() - self._last_trim >= q.trim_interval:
             self._last_trim = time.monotonic()
             await trim_shard(self.ctx, self.shard, now)
@@ -298,7 +322,8 @@ class ShardRunner(SchedulingMixin, IntakeMixin, ActionsMixin, OperatorRequestsMi
         job's shards decides from its own shard's key, so a job on several
         shards gets one from each), then one abort per dataset.
         """
-        jobs = live_jobs(self.state)
+        state = self.ledger.state
+        jobs = live_jobs(state)
         alive: set[str] = set()
         if jobs:
             keys = [self.ctx.keys.job_alive(self.shard, job) for job in jobs]
@@ -308,16 +333,16 @@ class ShardRunner(SchedulingMixin, IntakeMixin, ActionsMixin, OperatorRequestsMi
         now = time.time()
         self._seen = observe(self._seen, jobs, alive, now)
         max_duration = self.ctx.settings.worker.max_job_duration
-        for out in timed_out(self.state, self._seen, now, max_duration=max_duration):
+        for out in timed_out(state, self._seen, now, max_duration=max_duration):
 
             def aborting(out: TimedOut = out) -> Batch:
                 for abort in out.aborts():
-                    meta = self.state.set_status(abort.job, abort.dataset, "aborting", abort.reason)
+                    meta = state.set_status(abort.job, abort.dataset, "aborting", abort.reason)
                     if meta is not None:
-                        self.state.jobs[abort.job] = meta
+                        state.jobs[abort.job] = meta
                 return Batch(jobs={out.job})
 
-            await self._save_change(out.job, aborting)
+            await self.ledger.save_change(out.job, aborting)
             log.warning(
                 "job timed out",
                 extra=kv(shard=self.shard, job=out.job, datasets=list(out.datasets), reason=out.reason),
@@ -333,7 +358,7 @@ class ShardRunner(SchedulingMixin, IntakeMixin, ActionsMixin, OperatorRequestsMi
                 )
             )
             for abort in out.aborts():
-                self._schedule(abort)
+                self.scheduler.schedule(abort)
 
     async def _resume_work(self) -> None:
         """Re-schedule what was under way when the shard last changed hands.
@@ -341,20 +366,21 @@ class ShardRunner(SchedulingMixin, IntakeMixin, ActionsMixin, OperatorRequestsMi
         Also restarts every open job's liveness clock: at a session start the
         worker cannot tell a dead driver from a liveness key it could not see
         (owner change, worker restart, Redis restart), so each job gets a full
-        timeout from now (``_jobstate.assume_alive``).
+        timeout from now (``_core.assume_alive``).
         """
-        self._seen = assume_alive(self.state.jobs, time.time())
+        state = self.ledger.state
+        self._seen = assume_alive(state.jobs, time.time())
         await self._commit_the_complete()
-        for meta in list(self.state.jobs.values()):
+        for meta in list(state.jobs.values()):
             for name, ds in meta.datasets.items():
                 if ds.status in ("committing", "blocked"):
-                    self._schedule(Commit(job=meta.job, dataset=name))
+                    self.scheduler.schedule(Commit(job=meta.job, dataset=name))
                 elif ds.status == "aborting":
-                    self._schedule(Abort(job=meta.job, dataset=name, reason=ds.reason or "aborted"))
+                    self.scheduler.schedule(Abort(job=meta.job, dataset=name, reason=ds.reason or "aborted"))
         shards = self.ctx.settings.fleet.shards
         tracked = {
             (name, meta.job)
-            for meta in self.state.jobs.values()
+            for meta in state.jobs.values()
             for name, ds in meta.datasets.items()
             if ds.status in ("committing", "blocked")
         }
@@ -370,7 +396,7 @@ class ShardRunner(SchedulingMixin, IntakeMixin, ActionsMixin, OperatorRequestsMi
             if (seq.dataset, seq.job) in tracked or seq.quarantined is not None:
                 continue
             seen.add(seq.dataset)
-            self._schedule(Recover(dataset=seq.dataset))
+            self.scheduler.schedule(Recover(dataset=seq.dataset))
 
     async def _commit_the_complete(self) -> None:
         """Move to ``committing`` every dataset left ``waiting`` although all its tasks are in.
@@ -384,16 +410,17 @@ class ShardRunner(SchedulingMixin, IntakeMixin, ActionsMixin, OperatorRequestsMi
         Raises:
             Fenced, TransientError: as the save's.
         """
-        for meta in list(self.state.jobs.values()):
+        state = self.ledger.state
+        for meta in list(state.jobs.values()):
             for name, ds in meta.datasets.items():
                 exp = ds.expected
-                if ds.status != "waiting" or exp is None or not all_tasks_in(self.state, meta.job, name, exp):
+                if ds.status != "waiting" or exp is None or not all_tasks_in(state, meta.job, name, exp):
                     continue
                 log.warning(
                     "dataset has every task in but was left waiting; committing it",
                     extra=kv(shard=self.shard, job=meta.job, dataset=name),
                 )
-                await self._set_status(meta.job, name, "committing")
+                await self.ledger.set_status(meta.job, name, "committing")
 
 
 __all__ = ["ShardRunner"]

@@ -49,7 +49,7 @@ from shared.queue import (
     wait_replicated,
 )
 
-from ._jobstate import STATE_VERSION, Attempt, Ended, JobMeta, ShardJobs, attempt_field
+from ._core import STATE_VERSION, Attempt, Ended, JobMeta, ShardJobs, attempt_field
 
 _R = TypeVar("_R", JobMeta, Attempt, Ended)
 

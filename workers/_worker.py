@@ -44,7 +44,7 @@ import socket
 import time
 
 from shared import ConfigError, Fenced, Settings, TransientError
-from shared._aio import cancel_until_done
+from shared._aio import cancel_until_done, run_shielded
 from shared._logging import kv
 from shared._nonce import nonce
 from shared.events import ValidationLimits, WorkerJoined, WorkerLeft
@@ -59,12 +59,13 @@ from shared.fleet import (
     wait_until_up,
     worker_info,
 )
-from shared.locks import SharedReleaseNotifier, run_shielded
+from shared.locks import SharedReleaseNotifier
 from shared.queue import AdminPublisher, Keys, connect, join_fleet
 from shared.storage import open_store
 
 from ._context import WorkerContext
 from ._heap import trim_heap_forever, tune_gc
+from ._probe import Probe, no_probe
 from ._runners import ShardRunners
 
 log = logging.getLogger("workers")
@@ -80,13 +81,19 @@ class Worker:
     """One worker process (see the module doc for its start, shutdown and crash)."""
 
     def __init__(
-        self, settings: Settings, *, worker_id: str | None = None, hard_exit_after: float | None = None
+        self,
+        settings: Settings,
+        *,
+        worker_id: str | None = None,
+        hard_exit_after: float | None = None,
+        probe: Probe | None = None,
     ) -> None:
         """Prepare a worker; nothing connects until :meth:`run`.
 
         ``hard_exit_after``: after a fatal error, end the OS process that many
         seconds later if it is still alive (set by :func:`run_worker`; never in
-        an in-process test).
+        an in-process test). ``probe``: awaited at each named point of the
+        commit path and intake (:mod:`workers._probe`; a test's hook, by default nothing).
 
         Raises:
             ConfigError: no store URL configured, or a bad worker id.
@@ -100,6 +107,7 @@ class Worker:
         self._stop = asyncio.Event()
         self.ready = asyncio.Event()
         self._hard_exit_after = hard_exit_after
+        self._probe = probe or no_probe
         self._shards = ShardRunners(settings, self.worker_id)
         self._runners = self._shards.by_shard  # shard -> (runner, task); the same dict, never replaced
         # Set when the worker starts leaving: its heartbeat must not bring it back.
@@ -163,6 +171,7 @@ class Worker:
                     # Lock releases heard from other workers at once; its run() task (started
                     # in _work) is the only user of its pub/sub connection.
                     notifier=SharedReleaseNotifier(redis_client, keys.fleet_key("locks")),
+                    probe=self._probe,
                 )
                 started = time.time()
                 joined = await wait_until_up(

@@ -2,41 +2,47 @@
 
 The worker's calls, each under the dataset's lock (it passes the lease):
 :func:`commit_dataset`, :func:`abort_dataset`, :func:`recover_dataset`;
-operators': :func:`retry_quarantined`, :func:`skip_quarantined`, :func:`audit`.
-See docs/commit.md.
+operators': :func:`retry_quarantined`, :func:`skip_quarantined`, :func:`audit`;
+readers of a bound table's catalog (:func:`open_catalog`, :func:`load_table`, the snapshot properties).
+See docs/commit.md; the commit pipeline reads top to bottom in ``_commit.py``.
 """
 
 from ._abort import abort_dataset, cleanup_staged_attempt
 from ._audit import AuditReport, AuditViolation, ViolationKind, audit
 from ._catalog import CommitToTable, resolve_binding, table_step
-from ._commit import commit_dataset
+from ._catalog_ops import DATASET_PROPERTY, JOB_PROPERTY, catalog_properties, load_table, open_catalog
+from ._commit import commit_dataset, execute_sequence, recover_dataset
 from ._errors import CommitStepFailed
-from ._execute import describe_step, execute_sequence
 from ._model import CommitRequest, Manifest, ManifestFile, StagedFile, WatermarksDoc, WinningAttempt
 from ._operator import retry_quarantined, skip_quarantined
 from ._plan import plan_commit
+from ._progress import describe_step
 from ._publish import PublishFile
-from ._recovery import UnfinishedSequence, list_unfinished, recover_dataset
 from ._registry import DEFAULT_REGISTRY, StepRegistry, register_step_kind
 from ._results import AbortResult, CommitResult, RecoveryResult, SkipResult
 from ._steps import (
     Cleanup,
+    CommitProbe,
     CommitStep,
     Phase,
     StepContext,
     WriteManifest,
     read_manifest,
 )
+from ._survey import UnfinishedSequence, list_unfinished
 from ._wal import CommitSequence, decode_sequence, encode_sequence, read_sequence
 from ._watermarks import AdvanceWatermarks, merge_watermarks, read_watermarks
 
 __all__ = [
+    "DATASET_PROPERTY",
     "DEFAULT_REGISTRY",
+    "JOB_PROPERTY",
     "AbortResult",
     "AdvanceWatermarks",
     "AuditReport",
     "AuditViolation",
     "Cleanup",
+    "CommitProbe",
     "CommitRequest",
     "CommitResult",
     "CommitSequence",
@@ -59,6 +65,7 @@ __all__ = [
     "WriteManifest",
     "abort_dataset",
     "audit",
+    "catalog_properties",
     "cleanup_staged_attempt",
     "commit_dataset",
     "decode_sequence",
@@ -66,7 +73,9 @@ __all__ = [
     "encode_sequence",
     "execute_sequence",
     "list_unfinished",
+    "load_table",
     "merge_watermarks",
+    "open_catalog",
     "plan_commit",
     "read_manifest",
     "read_sequence",

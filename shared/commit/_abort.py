@@ -7,14 +7,13 @@ from collections.abc import Callable
 from functools import partial
 
 from .._errors import NotFound
-from .._settings import Settings
 from ..events import manifest_key, staging_prefix, wal_key
 from ..locks import Lease
+from ..settings import Settings
 from ..storage import ObjectStore
-from ._execute import commit_policy
+from ._bounded import commit_policy, with_retry
 from ._results import AbortResult
 from ._steps import StepContext, delete_prefixes
-from ._wal import with_retry
 
 
 async def _exists(store: ObjectStore, key: str) -> bool:

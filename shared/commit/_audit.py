@@ -34,8 +34,8 @@ from typing import Literal
 import msgspec
 
 from .._errors import BadInput, NotFound
-from .._settings import Settings
 from ..events import commits_prefix, parse_staged_key, staging_prefix, wal_prefix, watermarks_key
+from ..settings import Settings
 from ..storage import ObjectInfo, ObjectStore
 from ._bounded import for_each_bounded
 from ._catalog import CommitToTable

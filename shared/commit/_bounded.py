@@ -1,4 +1,11 @@
-"""Bounded parallelism with plain errors: a TaskGroup whose failures come out as our own exceptions."""
+"""The bounds on the commit's store calls: how many run at once, and how long one is retried.
+
+- :func:`for_each_bounded`: bounded parallelism with plain errors (a TaskGroup
+  whose failures come out as our own exceptions).
+- :func:`commit_policy` / :func:`with_retry`: the commit's retry budget
+  (``settings.commit.retry``), under which unknown outcomes are retried too:
+  every attempt starts by re-reading, so an unknown outcome is never assumed.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +14,9 @@ from collections.abc import AsyncIterable, Awaitable, Callable, Iterable
 from typing import TypeVar
 
 from .._aio import TaskGroup
-from .._errors import CommitfleetError, LockLost
+from .._errors import CommitfleetError, LockLost, OutcomeUnknown, TransientError
+from .._retry import RetryPolicy, retry
+from ..settings import Settings
 from ._errors import CommitStepFailed
 
 T = TypeVar("T")
@@ -92,4 +101,26 @@ async def for_each_bounded(
         raise picked from group
 
 
-__all__ = ["for_each_bounded", "pick_error"]
+def commit_policy(settings: Settings) -> RetryPolicy:
+    """Return the retry policy of commit steps described by ``settings.commit.retry``."""
+    return RetryPolicy.from_settings(settings.commit.retry)
+
+
+def retrying(policy: RetryPolicy) -> RetryPolicy:
+    """Return ``policy`` retrying unknown outcomes too (every attempt starts by re-reading)."""
+    return RetryPolicy(
+        attempts=policy.attempts,
+        initial=policy.initial,
+        maximum=policy.maximum,
+        budget=policy.budget,
+        retry_on=(TransientError, OutcomeUnknown),
+        wait=policy.wait,
+    )
+
+
+async def with_retry(fn: Callable[[], Awaitable[T]], policy: RetryPolicy) -> T:
+    """Run ``fn`` under ``policy``, also retrying unknown outcomes. Returns what ``fn`` returned."""
+    return await retry(fn, retrying(policy))
+
+
+__all__ = ["commit_policy", "for_each_bounded", "pick_error", "retrying", "with_retry"]

@@ -29,8 +29,8 @@ from collections.abc import Callable, Mapping
 from typing import ClassVar, TypeVar
 
 from .._errors import CommitfleetError
-from .._settings import Settings, TableMode
 from ..events import TableBinding, published_key
+from ..settings import Settings, TableMode
 from ._catalog_ops import classify, commit_files, job_snapshot, load_table, open_catalog
 from ._model import CommitRequest
 from ._steps import CommitStep, Phase, StepContext
@@ -124,9 +124,12 @@ class CommitToTable(CommitStep, frozen=True, kw_only=True, tag="table"):
 
         def land() -> bool:
             cat = open_catalog(settings, url)
-            return commit_files(
+            ctx.probe("table.commit")
+            landed = commit_files(
                 cat, self.table, self.mode, self.dataset, self.job, self.uris(url), ctx.lease.check
             )
+            ctx.probe("table.committed")
+            return landed
 
         return await in_thread(_guarded(land, f"table {self.table}"), settings.tables.call_timeout)
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 
-from .._settings import Settings
 from ..events import manifest_key
+from ..settings import Settings
 from ._catalog import in_thread
 from ._catalog_ops import DATASET_PROPERTY, JOB_PROPERTY, load_table, open_catalog
 

@@ -24,7 +24,7 @@ from urllib.parse import unquote, urlsplit
 import msgspec
 
 from .._errors import OutcomeUnknown, TransientError
-from .._settings import Settings, TableMode
+from ..settings import Settings, TableMode
 from ._errors import CommitStepFailed
 
 if TYPE_CHECKING:

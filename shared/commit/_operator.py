@@ -11,41 +11,30 @@ import time
 from collections.abc import Callable
 from functools import partial
 
-from .._errors import BadInput, Fenced, LinkRefused, NotFound
-from .._settings import Settings
+from .._errors import BadInput, LinkRefused, NotFound
 from ..events import commits_prefix, wal_key
 from ..locks import Lease
+from ..settings import Settings
 from ..storage import ObjectStore
-from ._execute import commit_policy, run_claimed
+from ._bounded import with_retry
+from ._commit import Pipeline
 from ._model import Manifest
 from ._publish import PublishFile
 from ._registry import StepRegistry
 from ._results import CommitResult, SkipResult
 from ._steps import Cleanup, StepContext, WriteManifest, decode_manifest, delete_prefixes
-from ._wal import WalHandle, read_sequence_at, with_retry
+from ._wal import Wal
 from ._watermarks import AdvanceWatermarks, merge_watermarks, read_watermarks
 
 
-async def _open(
-    store: ObjectStore,
-    dataset: str,
-    job: str,
-    lease: Lease,
-    settings: Settings,
-    registry: StepRegistry | None,
-    clock: Callable[[], float],
-) -> WalHandle:
-    lease.check()
-    key = wal_key(dataset, job)
-    found = await read_sequence_at(store, key, registry)
-    if found is None:
+async def _open(pipe: Pipeline, dataset: str, job: str) -> Wal:
+    """Return the log of (dataset, job), not yet claimed. Raises NotFound (none), Fenced (a higher epoch)."""
+    wal = await pipe.log.read(dataset, job)
+    if wal is None:
+        key = wal_key(dataset, job)
         raise NotFound(f"no unfinished sequence for dataset {dataset!r} job {job!r} ({key})")
-    seq, version = found
-    if seq.epoch > lease.epoch:
-        raise Fenced(f"{key} is held by epoch {seq.epoch}, ours is {lease.epoch}")
-    return WalHandle(
-        store, seq, version, lease, policy=commit_policy(settings), registry=registry, clock=clock
-    )
+    pipe.log.refuse_newer(wal)
+    return wal
 
 
 async def retry_quarantined(
@@ -72,10 +61,10 @@ async def retry_quarantined(
         CommitStepFailed: the log is unreadable (fix or remove it by hand).
         LockLost, TransientError: as :func:`~shared.commit.execute_sequence`.
     """
-    settings = settings or Settings()
-    handle = await _open(store, dataset, job, lease, settings, registry, clock)
-    await handle.write(quarantined=None, attempts=1)
-    return await run_claimed(handle, store, lease, settings, recovered=True, clock=clock)
+    pipe = Pipeline(store, lease, settings or Settings(), registry=registry, clock=clock)
+    wal = await _open(pipe, dataset, job)
+    wal = await pipe.log.write(wal, quarantined=None, attempts=1)  # the claim
+    return await pipe.run(wal, recovered=True)
 
 
 async def _manifests(store: ObjectStore, dataset: str) -> list[Manifest]:
@@ -139,20 +128,19 @@ async def skip_quarantined(
         LockLost, TransientError: the lease was lost, or the store kept failing
             (run skip again: it is idempotent).
     """
-    settings = settings or Settings()
-    handle = await _open(store, dataset, job, lease, settings, registry, clock)
-    seq = handle.sequence
+    pipe = Pipeline(store, lease, settings or Settings(), registry=registry, clock=clock)
+    wal = await _open(pipe, dataset, job)
+    seq = wal.sequence
     if seq.quarantined is None:
-        raise BadInput(f"{handle.key} is not quarantined; skip only abandons quarantined sequences")
-    await handle.write()  # claim: from now on a stale holder's log write fails
-    policy = commit_policy(settings)
-    ctx = StepContext(store=store, lease=lease, settings=settings, clock=clock)
+        raise BadInput(f"{wal.key} is not quarantined; skip only abandons quarantined sequences")
+    wal = await pipe.log.write(wal)  # claim: from now on a stale holder's log write fails
+    policy, ctx = pipe.policy, pipe.ctx
 
     manifests = await with_retry(lambda: _manifests(store, dataset), policy)
     planned = next((s for s in seq.steps if isinstance(s, WriteManifest)), None)
     own = [m for m in manifests if m.job == job]
     if own and planned is not None and own[0].same_commit(planned.manifest(0.0)):
-        await handle.delete()
+        await pipe.log.delete(wal)
         return SkipResult(dataset=dataset, job=job, outcome="forgotten")
 
     others = [m for m in manifests if m.job != job]
@@ -173,7 +161,7 @@ async def skip_quarantined(
             )
             if ahead:
                 raise BadInput(
-                    f"cannot skip {handle.key}: its watermarks {ahead} are already advanced past every "
+                    f"cannot skip {wal.key}: its watermarks {ahead} are already advanced past every "
                     "manifest; rolling back would drop the data they cover. Fix the cause and use retry."
                 )
 
@@ -192,7 +180,7 @@ async def skip_quarantined(
             staged += await with_retry(partial(_delete_counted, ctx, step.src), policy)
     prefixes = [p for s in seq.steps if isinstance(s, Cleanup) for p in s.prefixes]
     staged += await with_retry(partial(delete_prefixes, ctx, prefixes), policy)
-    await handle.delete()
+    await pipe.log.delete(wal)
     return SkipResult(
         dataset=dataset, job=job, outcome="rolled_back", published_deleted=published, staged_deleted=staged
     )

@@ -29,69 +29,15 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from functools import partial
 
-from .._errors import BadInput, CommitfleetError, LockLost, OutcomeUnknown, TransientError
+from .._errors import BadInput, CommitfleetError, LockLost
 from .._retry import RetryPolicy
-from ..events import staging_prefix
-from ..storage import ObjectInfo, ObjectStore
-from ._bounded import for_each_bounded
+from ..storage import ObjectInfo
+from ._bounded import for_each_bounded, with_retry
 from ._errors import CommitStepFailed
+from ._progress import Progress, describe_step, step_failure
 from ._publish import PublishFile
 from ._steps import CommitStep, StepContext
 from ._verify import verify_sources
-from ._wal import with_retry
-
-
-def describe_step(step: CommitStep) -> str:
-    """Return a short human description of a step, for reasons and logs."""
-    if isinstance(step, PublishFile):
-        return f"publish {step.src} -> {step.dst}"
-    return f"{step.__struct_config__.tag} step"
-
-
-def step_failure(step: CommitStep, exc: CommitfleetError) -> str:
-    """Return the quarantine reason of ``step`` failing with ``exc``."""
-    if isinstance(exc, TransientError | OutcomeUnknown):
-        return f"{describe_step(step)}: retry budget spent: {type(exc).__name__}: {exc}"
-    return f"{describe_step(step)}: {type(exc).__name__}: {exc}"
-
-
-class Progress:
-    """What a run of a sequence has seen done, redone, and the first failure (quarantine reason)."""
-
-    def __init__(self) -> None:
-        self.done: set[int] = set()
-        self.redone = 0
-        self.failure: str | None = None
-
-    async def run(self, i: int, step: CommitStep, ctx: StepContext, policy: RetryPolicy) -> None:
-        """Ensure one step under ``policy``; record done, or the failure. Raises LockLost / Fenced only."""
-        executed = False
-
-        async def attempt() -> None:
-            nonlocal executed
-            executed = await step.ensure(ctx) or executed
-
-        try:
-            await with_retry(attempt, policy)
-        except LockLost:
-            raise
-        except CommitfleetError as exc:
-            if self.failure is None:
-                self.failure = step_failure(step, exc)
-            return
-        self.done.add(i)
-        self.redone += int(executed)
-
-
-async def list_staging(
-    store: ObjectStore, job: str, dataset: str, policy: RetryPolicy
-) -> dict[str, ObjectInfo]:
-    """Return the job's staging folder for the dataset as listed now, by key (retried under ``policy``)."""
-
-    async def listing() -> dict[str, ObjectInfo]:
-        return {i.key: i async for i in store.list(staging_prefix(job, dataset))}
-
-    return await with_retry(listing, policy)
 
 
 async def run_publish(
@@ -102,9 +48,8 @@ async def run_publish(
     *,
     listed: Mapping[str, ObjectInfo] | None,
     fence: Callable[[], Awaitable[object]],
-    timings: dict[str, float],
 ) -> None:
-    """Run the publish steps ``items`` as the module doc says; the outcome is in ``progress``.
+    """Run the publish steps ``items`` as the module doc says; the outcome (and timings) is in ``progress``.
 
     ``listed`` is the staging folder as listed before the log was written (a
     fresh commit), or None (a recovering holder: every source is read).
@@ -118,6 +63,7 @@ async def run_publish(
     idempotent and the next holder verifies them.
     """
     limit = ctx.settings.commit.publish_concurrency
+    timings = progress.timings
     start = time.monotonic()
     done, verified, progress.failure = await verify_sources(items, ctx, policy, listed=listed)
     progress.done |= done
@@ -186,4 +132,4 @@ async def run_publish(
     timings["publish"] = time.monotonic() - start
 
 
-__all__ = ["Progress", "describe_step", "run_publish", "step_failure"]
+__all__ = ["run_publish"]

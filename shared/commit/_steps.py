@@ -30,9 +30,9 @@ from typing import ClassVar, Literal
 import msgspec
 
 from .._errors import BadInput, NotFound, PreconditionFailed, TransientError
-from .._settings import Settings
 from ..events import manifest_key
 from ..locks import Lease
+from ..settings import Settings
 from ..storage import ObjectInfo, ObjectStore
 from ._bounded import for_each_bounded
 from ._errors import CommitStepFailed
@@ -40,6 +40,20 @@ from ._model import Manifest, ManifestFile
 
 Phase = Literal["publish", "apply", "manifest", "cleanup"]
 PHASES: tuple[Phase, ...] = ("publish", "apply", "manifest", "cleanup")
+
+CommitProbe = Callable[[str], None]
+"""A test's hook into the commit path: called with the name of a point as the path passes it.
+
+It runs where the point is (in the catalog's thread for the ``table.*``
+points), may block or raise (a test's simulated crash), and must not change
+anything. Points: ``table.commit`` just before the table step's catalog
+transaction, ``table.committed`` just after it returned.
+"""
+
+
+def no_probe(point: str) -> None:
+    """The default probe: does nothing."""
+
 
 _manifest_decoder = msgspec.json.Decoder(Manifest)
 _encoder = msgspec.json.Encoder()
@@ -52,6 +66,7 @@ class StepContext:
     ``clock`` gives the timestamps written into documents (a value, so tests
     can fix it). ``verified`` holds the staged sources checked before the
     publish phase, by key: their copies are pinned to those versions.
+    ``probe`` is called at the points a test may hook into (default: none).
     """
 
     store: ObjectStore
@@ -59,6 +74,7 @@ class StepContext:
     settings: Settings = field(default_factory=Settings)
     clock: Callable[[], float] = time.time
     verified: Mapping[str, ObjectInfo] = field(default_factory=dict)
+    probe: CommitProbe = no_probe
 
 
 class CommitStep(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind"):
@@ -263,11 +279,13 @@ async def delete_prefixes(ctx: StepContext, prefixes: list[str]) -> int:
 __all__ = [
     "PHASES",
     "Cleanup",
+    "CommitProbe",
     "CommitStep",
     "Phase",
     "StepContext",
     "WriteManifest",
     "decode_manifest",
     "delete_prefixes",
+    "no_probe",
     "read_manifest",
 ]

@@ -26,11 +26,10 @@ from functools import partial
 from .._errors import CommitfleetError, LockLost, NotFound, OutcomeUnknown, TransientError
 from .._retry import RetryPolicy
 from ..storage import ObjectInfo, ObjectStore
-from ._bounded import for_each_bounded
+from ._bounded import for_each_bounded, with_retry
 from ._errors import CommitStepFailed
 from ._publish import PublishFile
 from ._steps import CommitStep, StepContext
-from ._wal import with_retry
 
 
 async def _head(store: ObjectStore, key: str) -> ObjectInfo | None:

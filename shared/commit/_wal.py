@@ -1,4 +1,9 @@
-"""The commit-step store: one write-ahead log object per (dataset, job) at ``_wal/<dataset>/<job>.json``.
+"""The write-ahead log, one object per (dataset, job) at ``_wal/<dataset>/<job>.json``: its reads and writes.
+
+:class:`CommitSequence` is the document; :class:`Wal` is one holder's sight of
+it, a value (key, sequence, version, epoch) that the pipeline passes from
+stage to stage; :class:`WalLog` reads and writes it for one lock holder, each
+write taking the last :class:`Wal` and returning the next.
 
 Rules (they close the holes of Gobblin's store):
 
@@ -19,8 +24,8 @@ Rules (they close the holes of Gobblin's store):
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import msgspec
 
@@ -30,13 +35,12 @@ from .._retry import RetryPolicy, retry
 from ..events import wal_key
 from ..locks import Lease
 from ..storage import ObjectStore
+from ._bounded import retrying
 from ._errors import CommitStepFailed
 from ._model import FORMAT_VERSION
 from ._publish import PublishFile
 from ._registry import DEFAULT_REGISTRY, StepRegistry
 from ._steps import CommitStep
-
-T = TypeVar("T")
 
 
 class CommitSequence(msgspec.Struct, frozen=True, kw_only=True):
@@ -115,14 +119,27 @@ def decode_sequence(data: bytes, registry: StepRegistry | None = None) -> Commit
     return CommitSequence(**fields, steps=steps)
 
 
-async def read_sequence_at(
-    store: ObjectStore, key: str, registry: StepRegistry | None = None
-) -> tuple[CommitSequence, str] | None:
-    """Return ``(sequence, version)`` of the log at ``key``, or None when there is none.
+@dataclass(frozen=True, slots=True)
+class Wal:
+    """One holder's sight of a log: its key, its content and the version it was read or written at."""
+
+    key: str
+    sequence: CommitSequence
+    version: str
+
+    @property
+    def epoch(self) -> int:
+        """The lock epoch of the holder that last wrote the log."""
+        return self.sequence.epoch
+
+
+async def read_wal(store: ObjectStore, key: str, registry: StepRegistry | None = None) -> Wal | None:
+    """Return the log at ``key`` as read now, or None when there is none.
 
     Raises:
         CommitStepFailed: the log is unreadable (also: a link or a non-file in
             a local store, where the log should be).
+        TransientError / OutcomeUnknown: from the store.
     """
     try:
         obj = await store.read(key)
@@ -131,7 +148,7 @@ async def read_sequence_at(
     except BadInput as exc:
         raise CommitStepFailed(f"{key} is unreadable: {exc}") from exc
     try:
-        return decode_sequence(obj.data, registry), obj.info.version
+        return Wal(key, decode_sequence(obj.data, registry), obj.info.version)
     except CommitStepFailed as exc:
         raise CommitStepFailed(f"{key}: {exc}") from exc
 
@@ -144,30 +161,23 @@ async def read_sequence(
     Raises:
         CommitStepFailed: the log is unreadable.
     """
-    found = await read_sequence_at(store, wal_key(dataset, job), registry)
-    return None if found is None else found[0]
+    found = await read_wal(store, wal_key(dataset, job), registry)
+    return None if found is None else found.sequence
 
 
-def _retrying(policy: RetryPolicy) -> RetryPolicy:
-    # Unknown outcomes are retried too: every attempt starts by re-reading.
-    return RetryPolicy(
-        attempts=policy.attempts,
-        initial=policy.initial,
-        maximum=policy.maximum,
-        budget=policy.budget,
-        retry_on=(TransientError, OutcomeUnknown),
-        wait=policy.wait,
-    )
+class WalLog:
+    """The write-ahead logs as one lock holder reads and writes them (see the module doc).
 
-
-class WalHandle:
-    """The log of one sequence as held by one lock holder: its content and version."""
+    Built per call of the core with what every log request needs: the store,
+    the holder's lease (its epoch fences every write; it is checked before
+    each request), the retry policy (unknown outcomes retried too), the step
+    registry and the clock. It keeps no log state: each method takes and
+    returns :class:`Wal` values.
+    """
 
     def __init__(
         self,
         store: ObjectStore,
-        seq: CommitSequence,
-        version: str,
         lease: Lease,
         *,
         policy: RetryPolicy,
@@ -175,24 +185,116 @@ class WalHandle:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._store = store
-        self._seq = seq
-        self._version = version
         self._lease = lease
-        self._policy = _retrying(policy)
+        self._policy = retrying(policy)
         self._registry = registry
         self._clock = clock
-        self.key = wal_key(seq.dataset, seq.job)
 
-    @property
-    def sequence(self) -> CommitSequence:
-        """The content as last written or read by this holder."""
-        return self._seq
+    async def read(self, dataset: str, job: str) -> Wal | None:
+        """Return the log of (dataset, job) as read now, or None when there is none.
 
-    async def write(self, **changes: object) -> CommitSequence:
-        """Rewrite the log with ``changes``, our epoch and a new nonce, if nobody wrote it since.
+        Raises:
+            LockLost: our lease is no longer valid (checked first).
+            CommitStepFailed: the log is unreadable.
+        """
+        self._lease.check()
+        return await read_wal(self._store, wal_key(dataset, job), self._registry)
+
+    def refuse_newer(self, wal: Wal) -> None:
+        """Raise :class:`Fenced` when ``wal`` shows a higher epoch than ours (never touched then)."""
+        if wal.epoch > self._lease.epoch:
+            raise Fenced(f"{wal.key} is held by epoch {wal.epoch}, ours is {self._lease.epoch}")
+
+    async def claim(self, wal: Wal) -> Wal:
+        """Rewrite the log with our epoch and one more attempt, before any step runs.
+
+        A quarantined log is returned as it is, unclaimed (no write).
+
+        Raises:
+            Fenced: the log is held by a higher epoch, or was rewritten under us.
+            LockLost, TransientError: as :meth:`write`.
+        """
+        self.refuse_newer(wal)
+        if wal.sequence.quarantined is not None:
+            return wal
+        return await self.write(wal, attempts=wal.sequence.attempts + 1)
+
+    def _claim_existing(self, wal: Wal, seq: CommitSequence) -> None:
+        if (wal.sequence.dataset, wal.sequence.job) != (seq.dataset, seq.job):
+            raise CommitStepFailed(
+                f"{wal.key} holds dataset {wal.sequence.dataset!r} job {wal.sequence.job!r}"
+            )
+
+    async def create(self, seq: CommitSequence) -> tuple[Wal, bool]:
+        """Create the log for ``seq`` with create-if-absent, without reading it first.
+
+        For a holder that has just listed the dataset's logs under the lock
+        and found none: one request. A log that is there after all (written
+        since, or the answer to a retry of our own create) is read and claimed
+        as :meth:`open` does.
 
         Returns:
-            The sequence as written.
+            ``(wal, created)``; ``created`` is False when a log already existed.
+
+        Raises:
+            As :meth:`open`.
+        """
+        self._lease.check()
+        key = wal_key(seq.dataset, seq.job)
+        fresh = msgspec.structs.replace(
+            seq,
+            epoch=self._lease.epoch,
+            attempts=1,
+            quarantined=None,
+            nonce=nonce(),
+            updated_at=self._clock(),
+        )
+        body = encode_sequence(fresh)
+
+        async def attempt() -> tuple[Wal, bool]:
+            try:
+                info = await self._store.write_if_absent(key, body)
+            except BadInput as exc:  # a link or a non-file in a local store
+                raise CommitStepFailed(f"{key} is unreadable (cannot be created): {exc}") from exc
+            except (PreconditionFailed, OutcomeUnknown) as exc:
+                found = await read_wal(self._store, key, self._registry)
+                if found is None:
+                    raise TransientError(f"create of {key} did not land") from exc
+                return found, found.sequence.nonce == fresh.nonce
+            return Wal(key, fresh, info.version), True
+
+        wal, created = await retry(attempt, self._policy)
+        if created:
+            return wal, True
+        self._claim_existing(wal, seq)
+        return await self.claim(wal), False
+
+    async def open(self, seq: CommitSequence) -> tuple[Wal, bool]:
+        """Create the log for ``seq``, or claim the one already there for its (dataset, job).
+
+        A claimed log keeps its own steps (a previous holder may have run some
+        of them), not ``seq``'s. A quarantined log is returned as it is, unclaimed.
+
+        Returns:
+            ``(wal, created)``; ``created`` is False when a log already existed.
+
+        Raises:
+            Fenced: the log is held by a higher epoch, or was rewritten under us.
+            LockLost: our lease is no longer valid.
+            CommitStepFailed: the existing log is unreadable or names another dataset or job.
+            TransientError: the store kept failing past the retry budget.
+        """
+        found = await self.read(seq.dataset, seq.job)
+        if found is None:
+            return await self.create(seq)
+        self._claim_existing(found, seq)
+        return await self.claim(found), False
+
+    async def write(self, wal: Wal, **changes: object) -> Wal:
+        """Rewrite the log with ``changes``, our epoch and a new nonce, if nobody wrote it since ``wal``.
+
+        Returns:
+            The log as written.
 
         Raises:
             Fenced: another holder wrote or removed the log since we last did.
@@ -204,41 +306,37 @@ class WalHandle:
         """
         self._lease.check()
         new = msgspec.structs.replace(
-            self._seq,
+            wal.sequence,
             **changes,
             epoch=self._lease.epoch,
             nonce=nonce(),
             updated_at=self._clock(),
         )
         body = encode_sequence(new)
+        version = wal.version
 
         async def attempt() -> str:
             try:
-                return (await self._store.write_if_match(self.key, body, self._version)).version
+                return (await self._store.write_if_match(wal.key, body, version)).version
             except (PreconditionFailed, OutcomeUnknown) as exc:
-                return await self._resolve(new.nonce, exc)
+                return await self._resolve(wal.key, version, new.nonce, exc)
 
-        self._version = await retry(attempt, self._policy)
-        self._seq = new
-        return new
+        return Wal(wal.key, new, await retry(attempt, self._policy))
 
-    async def _resolve(self, nonce: str, exc: Exception) -> str:
-        found = await read_sequence_at(self._store, self.key, self._registry)
+    async def _resolve(self, key: str, version: str, nonce: str, exc: Exception) -> str:
+        found = await read_wal(self._store, key, self._registry)
         if found is None:
-            raise Fenced(
-                f"{self.key} was removed by another holder (we hold epoch {self._lease.epoch})"
-            ) from exc
-        current, version = found
-        if current.nonce == nonce:
-            return version  # our write landed; the error answered a retry of it
-        if version == self._version:
+            raise Fenced(f"{key} was removed by another holder (we hold epoch {self._lease.epoch})") from exc
+        if found.sequence.nonce == nonce:
+            return found.version  # our write landed; the error answered a retry of it
+        if found.version == version:
             # Our write did not land and nobody else wrote: try again.
-            raise TransientError(f"write of {self.key} did not land") from exc
+            raise TransientError(f"write of {key} did not land") from exc
         raise Fenced(
-            f"{self.key} was rewritten by epoch {current.epoch} (we hold epoch {self._lease.epoch})"
+            f"{key} was rewritten by epoch {found.epoch} (we hold epoch {self._lease.epoch})"
         ) from exc
 
-    async def delete(self) -> None:
+    async def delete(self, wal: Wal) -> None:
         """Remove the log (the sequence is finished or abandoned).
 
         Raises:
@@ -246,158 +344,15 @@ class WalHandle:
             TransientError: the store kept failing past the retry budget.
         """
         self._lease.check()
-        await retry(lambda: self._store.delete(self.key), self._policy)
-
-
-async def _create(
-    store: ObjectStore, seq: CommitSequence, key: str, policy: RetryPolicy, registry: StepRegistry | None
-) -> tuple[CommitSequence, str, bool]:
-    body = encode_sequence(seq)
-
-    async def attempt() -> tuple[CommitSequence, str, bool]:
-        try:
-            info = await store.write_if_absent(key, body)
-        except BadInput as exc:  # a link or a non-file in a local store
-            raise CommitStepFailed(f"{key} is unreadable (cannot be created): {exc}") from exc
-        except (PreconditionFailed, OutcomeUnknown) as exc:
-            found = await read_sequence_at(store, key, registry)
-            if found is None:
-                raise TransientError(f"create of {key} did not land") from exc
-            current, version = found
-            return current, version, current.nonce == seq.nonce
-        return seq, info.version, True
-
-    return await retry(attempt, _retrying(policy))
-
-
-async def _claim(handle: WalHandle, lease: Lease) -> WalHandle:
-    current = handle.sequence
-    if current.epoch > lease.epoch:
-        raise Fenced(f"{handle.key} is held by epoch {current.epoch}, ours is {lease.epoch}")
-    if current.quarantined is None:
-        await handle.write(attempts=current.attempts + 1)
-    return handle
-
-
-async def open_sequence(
-    store: ObjectStore,
-    seq: CommitSequence,
-    lease: Lease,
-    *,
-    policy: RetryPolicy,
-    registry: StepRegistry | None = None,
-    clock: Callable[[], float] = time.time,
-) -> tuple[WalHandle, bool]:
-    """Create the log for ``seq``, or claim the one already there for its (dataset, job).
-
-    A claimed log keeps its own steps (a previous holder may have run some of
-    them), not ``seq``'s. A quarantined log is returned as it is, unclaimed.
-
-    Returns:
-        ``(handle, created)``; ``created`` is False when a log already existed.
-
-    Raises:
-        Fenced: the log is held by a higher epoch, or was rewritten under us.
-        LockLost: our lease is no longer valid.
-        CommitStepFailed: the existing log is unreadable or names another dataset or job.
-        TransientError: the store kept failing past the retry budget.
-    """
-    lease.check()
-    found = await read_sequence_at(store, wal_key(seq.dataset, seq.job), registry)
-    if found is None:
-        return await create_sequence(store, seq, lease, policy=policy, registry=registry, clock=clock)
-    current, version = found
-    handle = WalHandle(store, current, version, lease, policy=policy, registry=registry, clock=clock)
-    return await _claim_existing(handle, seq, lease), False
-
-
-async def _claim_existing(handle: WalHandle, seq: CommitSequence, lease: Lease) -> WalHandle:
-    current = handle.sequence
-    if (current.dataset, current.job) != (seq.dataset, seq.job):
-        raise CommitStepFailed(f"{handle.key} holds dataset {current.dataset!r} job {current.job!r}")
-    return await _claim(handle, lease)
-
-
-async def create_sequence(
-    store: ObjectStore,
-    seq: CommitSequence,
-    lease: Lease,
-    *,
-    policy: RetryPolicy,
-    registry: StepRegistry | None = None,
-    clock: Callable[[], float] = time.time,
-) -> tuple[WalHandle, bool]:
-    """Create the log for ``seq`` with create-if-absent, without reading it first.
-
-    For a holder that has just listed the dataset's logs under the lock and
-    found none: one request. A log that is there after all (written since, or
-    the answer to a retry of our own create) is read and claimed as
-    :func:`open_sequence` does.
-
-    Returns:
-        ``(handle, created)``, as :func:`open_sequence`.
-
-    Raises:
-        As :func:`open_sequence`.
-    """
-    lease.check()
-    key = wal_key(seq.dataset, seq.job)
-    fresh = msgspec.structs.replace(
-        seq,
-        epoch=lease.epoch,
-        attempts=1,
-        quarantined=None,
-        nonce=nonce(),
-        updated_at=clock(),
-    )
-    current, version, created = await _create(store, fresh, key, policy, registry)
-    handle = WalHandle(store, current, version, lease, policy=policy, registry=registry, clock=clock)
-    if created:
-        return handle, True
-    return await _claim_existing(handle, seq, lease), False
-
-
-async def claim_sequence(
-    store: ObjectStore,
-    dataset: str,
-    job: str,
-    lease: Lease,
-    *,
-    policy: RetryPolicy,
-    registry: StepRegistry | None = None,
-    clock: Callable[[], float] = time.time,
-) -> WalHandle | None:
-    """Claim the existing log of (dataset, job) for this holder; None when there is none.
-
-    A quarantined log is returned unclaimed (no write).
-
-    Raises:
-        Fenced, LockLost, CommitStepFailed, TransientError: as :func:`open_sequence`.
-    """
-    lease.check()
-    key = wal_key(dataset, job)
-    found = await read_sequence_at(store, key, registry)
-    if found is None:
-        return None
-    current, version = found
-    handle = WalHandle(store, current, version, lease, policy=policy, registry=registry, clock=clock)
-    return await _claim(handle, lease)
-
-
-async def with_retry(fn: Callable[[], Awaitable[T]], policy: RetryPolicy) -> T:
-    """Run ``fn`` under ``policy``, also retrying unknown outcomes. Returns what ``fn`` returned."""
-    return await retry(fn, _retrying(policy))
+        await retry(lambda: self._store.delete(wal.key), self._policy)
 
 
 __all__ = [
     "CommitSequence",
-    "WalHandle",
-    "claim_sequence",
-    "create_sequence",
+    "Wal",
+    "WalLog",
     "decode_sequence",
     "encode_sequence",
-    "open_sequence",
     "read_sequence",
-    "read_sequence_at",
-    "with_retry",
+    "read_wal",
 ]

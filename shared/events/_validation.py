@@ -14,7 +14,7 @@ from typing import Final, Self
 
 from .._errors import ConfigError
 from .._recent import GUESS_LIMIT
-from .._settings import SecuritySettings
+from ..settings import SecuritySettings
 from ._invalid import InvalidMessage, shown
 from ._layout import (
     MAX_KEY_BYTES,

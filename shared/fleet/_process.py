@@ -51,7 +51,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from types import TracebackType
 from typing import Any, TypeVar
 
-from .._aio import TaskGroup, cancel_until_done
+from .._aio import TaskGroup, cancel_until_done, run_shielded
 from .._errors import CommitfleetError, TransientError
 from .._logging import kv
 
@@ -178,8 +178,6 @@ class ProcessTasks:
     async def __aexit__(
         self, et: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        from ..locks import run_shielded
-
         try:
             await run_shielded(self._cancel_all())
         finally:

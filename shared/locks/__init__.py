@@ -7,12 +7,15 @@ lock is lost), or ``acquire()`` / ``release()`` to hold it for long and watch
 displays. See docs/locks.md for the protocol.
 """
 
+from ._held import HeldLease
+from ._io import Clock, default_owner, read_lock
 from ._lease import Lease
-from ._lock import HeldLease, StorageLock, default_owner, read_lock, run_shielded
+from ._lock import StorageLock
 from ._notify import RedisReleaseNotifier, ReleaseNotifier, SharedReleaseNotifier
 from ._state import LockRecord, held_until, is_held, lock_key
 
 __all__ = [
+    "Clock",
     "HeldLease",
     "Lease",
     "LockRecord",
@@ -25,5 +28,4 @@ __all__ = [
     "is_held",
     "lock_key",
     "read_lock",
-    "run_shielded",
 ]

@@ -4,33 +4,26 @@ A lease that is lost (renewal refused, or its local deadline passed before a
 renewal got through) sets :attr:`HeldLease.lost`; when the lease guards a block
 that block's task is cancelled at once (and again until it leaves) and the
 block ends with :class:`LockLost`, as does a block that ends past the lease's
-local deadline. The renewals themselves (the heartbeat's loop) are in
-:mod:`._renew`.
+local deadline. A lease is composed of its :class:`~._holding.Holding` (the
+record it last wrote and the writes on it) and its :class:`~._heartbeat.Heartbeat`
+(the renewals); it knows nothing of the lock that made it but the handle and
+the callback that lock gave it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
-from .._aio import cancel_until_done
-from .._errors import Fenced, LockLost, NotFound, OutcomeUnknown, PreconditionFailed, TransientError
+from .._aio import run_shielded
+from .._errors import LockLost, OutcomeUnknown, TransientError
 from .._retry import retry
-from ._io import READ_AGAIN, RELEASES, SEEN, new_nonce, observe, run_shielded
-from ._renew import Renewals
-from ._state import (
-    LockRecord,
-    Observed,
-    Resolution,
-    encode_record,
-    local_deadline,
-    released_record,
-)
-
-if TYPE_CHECKING:
-    from ._lock import StorageLock
+from ._heartbeat import Heartbeat
+from ._holding import Holding, LockHandle
+from ._state import LockRecord
 
 log = logging.getLogger("shared.locks")
 
@@ -41,12 +34,12 @@ log = logging.getLogger("shared.locks")
 _ENFORCE_S: Final = 0.25
 
 
-class HeldLease(Renewals):
+class HeldLease:
     """One holding of a :class:`StorageLock` (implements :class:`~shared.locks.Lease`).
 
     Created by :meth:`StorageLock.acquire` / :meth:`StorageLock.try_acquire`
-    with its heartbeat already running; the lease owns the heartbeat task and
-    :meth:`release` awaits it. ``async with lease:`` guards a block: if the
+    with its heartbeat already running; the lease owns the heartbeat and
+    :meth:`release` stops it. ``async with lease:`` guards a block: if the
     lease is lost, the block's task is cancelled and the block ends with
     :class:`LockLost` (or :class:`Fenced` when a newer holder was seen); the
     lease is released on the way out in every case.
@@ -54,29 +47,27 @@ class HeldLease(Renewals):
 
     def __init__(
         self,
-        lock: StorageLock,
+        handle: LockHandle,
         *,
         record: LockRecord,
         version: str,
         write_started: float,
         took_over_from: str | None,
+        on_release: Callable[[HeldLease], None],
     ) -> None:
-        self._lock = lock
-        self._record = record
-        self._version = version
-        SEEN.put(lock.store, lock.key, Observed(record=record, version=version))
-        self._deadline = local_deadline(write_started, lock.settings)
-        # Nonces of writes whose outcome is unknown, with the monotonic instant
-        # each was sent; cleared on every confirmed write (a later write on an
-        # older version can no longer land).
-        self._pending: dict[str, float] = {}
+        """Take over the claim that won (``record`` at ``version``, sent at ``write_started``) and
+        start its heartbeat (call from a running event loop).
+
+        ``on_release`` is called with this lease once its release has ended
+        (whatever the outcome), so its lock can take a new one.
+        """
+        self._handle = handle
+        self._holding = Holding(handle, record=record, version=version, write_started=write_started)
         self._took_over_from = took_over_from
+        self._on_release = on_release
         self._lost = asyncio.Event()
         self._lost_error: LockLost | None = None
-        self._superseded = False
-        self._closing = False
         self._released = False
-        self._heartbeat: asyncio.Task[None] | None = None
         self._guarded: asyncio.Task[object] | None = None
         self._guard_used = False
         # Cancellation requests this lease made of its block, and the block
@@ -84,19 +75,20 @@ class HeldLease(Renewals):
         # earlier, e.g. by Python 3.11's TaskGroup, is not an outside request).
         self._cancels_sent = 0
         self._entry_cancelling = 0
-        self._last_seen: Observed | None = None
+        self._heartbeat = Heartbeat(self._holding, on_lost=self._mark_lost, after_loss=self._enforce)
+        self._heartbeat.start()
 
     # -- the Lease protocol -----------------------------------------------------------
 
     @property
     def name(self) -> str:
         """The lock's name."""
-        return self._lock.name
+        return self._handle.name
 
     @property
     def epoch(self) -> int:
         """The fencing epoch of this holding."""
-        return self._record.epoch
+        return self._holding.record.epoch
 
     def check(self) -> None:
         """Return if the lease is still valid locally; raise otherwise.
@@ -108,9 +100,9 @@ class HeldLease(Renewals):
         """
         if self._lost_error is not None:
             raise self._lost_error
-        if self._released or self._closing:
+        if self._released or self._holding.closing:
             raise LockLost(f"lock {self.name} (epoch {self.epoch}) was released")
-        if self._lock.monotonic() >= self._deadline:
+        if self._handle.monotonic() >= self._holding.deadline:
             raise LockLost(f"lock {self.name} (epoch {self.epoch}) ran out locally before a renewal")
 
     # -- more about the holding ---------------------------------------------------------
@@ -118,7 +110,7 @@ class HeldLease(Renewals):
     @property
     def owner(self) -> str:
         """The owner identity written in the lock object."""
-        return self._record.owner
+        return self._holding.record.owner
 
     @property
     def took_over_from(self) -> str | None:
@@ -138,39 +130,23 @@ class HeldLease(Renewals):
     @property
     def record(self) -> LockRecord:
         """The last lock record this holder knows it wrote."""
-        return self._record
+        return self._holding.record
 
     @property
     def deadline(self) -> float:
         """The monotonic instant until which the lease is valid locally."""
-        return self._deadline
+        return self._holding.deadline
 
     @property
     def released(self) -> bool:
         """Whether :meth:`release` has finished."""
         return self._released
 
-    # -- heartbeat ---------------------------------------------------------------------
-
-    def _start(self) -> None:
-        self._heartbeat = asyncio.create_task(
-            self._beat_or_mark(), name=f"lock-heartbeat:{self.name}:{self.epoch}"
-        )
-
-    async def _beat_or_mark(self) -> None:
-        try:
-            await self._beat()
-        except asyncio.CancelledError:
-            raise
-        except BaseException as exc:
-            # A bug in the heartbeat must not leave the work running unprotected.
-            self._mark_lost(LockLost(f"heartbeat of lock {self.name} failed: {exc!r}"))
-            raise
-        await self._enforce()
+    # -- loss ------------------------------------------------------------------------------
 
     async def _enforce(self) -> None:
         """After a loss: cancel the guarded block again until it has left (see ``_ENFORCE_S``)."""
-        while self._lost_error is not None and not self._closing:
+        while self._lost_error is not None and not self._holding.closing:
             task = self._guarded
             if task is None or task.done():
                 return
@@ -201,40 +177,6 @@ class HeldLease(Renewals):
         if task is not None and not task.done():
             self._cancel_guarded(task)
 
-    def _confirm(self, record: LockRecord, version: str, started: float) -> None:
-        self._record = record
-        self._version = version
-        SEEN.put(self._lock.store, self._lock.key, Observed(record=record, version=version))
-        self._pending.clear()
-        if record.released:
-            # Waiters in this process take it over now, not at their next poll.
-            RELEASES.notify(self._lock.store, self._lock.key)
-        else:
-            self._deadline = local_deadline(started, self._lock.settings)
-
-    def _loss_reason(self, what: str) -> LockLost:
-        current = self._last_seen
-        if current is None:
-            return LockLost(f"lock {self.name} (epoch {self.epoch}): {what}, the lock object is gone")
-        rec = current.record
-        msg = f"lock {self.name} (epoch {self.epoch}): {what}, now held by {rec.owner} (epoch {rec.epoch})"
-        return Fenced(msg) if rec.epoch > self.epoch else LockLost(msg)
-
-    async def _stop_heartbeat(self) -> None:
-        hb, self._heartbeat = self._heartbeat, None
-        if hb is None:
-            return
-        # Cancel until it has ended: on Python 3.11 one cancellation can be
-        # swallowed by a store call finishing at the same moment, and a
-        # heartbeat left running would renew a released lease forever (the
-        # loop also stops on ``_closing``). cancel_until_done never raises the
-        # task's CancelledError into us, so an outside cancellation of the
-        # caller stays distinguishable.
-        await cancel_until_done(hb, every_s=_ENFORCE_S)
-        error = None if hb.cancelled() else hb.exception()
-        if error is not None:
-            raise error
-
     # -- release -------------------------------------------------------------------------
 
     async def release(self) -> None:
@@ -252,60 +194,39 @@ class HeldLease(Renewals):
         Cancellation: the release runs to completion first (shielded), then
         CancelledError propagates.
         """
-        if self._released or self._closing:
+        if self._released or self._holding.closing:
             return
-        self._closing = True
+        self._holding.closing = True
         try:
             await run_shielded(self._release())
         finally:
             self._released = True
-            self._lock._forget(self)
+            self._on_release(self)
 
     async def _release(self) -> None:
-        await self._stop_heartbeat()
-        if self._superseded:
+        await self._heartbeat.stop()
+        if self._holding.superseded:
             return
-        lock = self._lock
+        h = self._handle
         # Past one validity without renewal the lock has expired anyway: a
         # release still stuck by then is pointless, so it is bounded by that.
-        timeout = asyncio.timeout(lock.settings.validity)
+        timeout = asyncio.timeout(h.settings.validity)
         try:
             async with timeout:
-                await retry(self._release_once, lock.retry_policy, on_retry=self._log_retry)
-                if lock.notifier is not None:
+                await retry(self._holding.release_once, h.retry, on_retry=self._log_retry)
+                if h.notifier is not None:
                     # Waiters in other processes look now rather than at their next poll.
-                    await lock.notifier.released(lock.name)
+                    await h.notifier.released(h.name)
         except TimeoutError:
             if not timeout.expired():
                 raise
             raise OutcomeUnknown(
-                f"release of lock {self.name} did not finish within {lock.settings.validity:g}s; "
+                f"release of lock {self.name} did not finish within {h.settings.validity:g}s; "
                 "the lock expires on its own"
             ) from None
 
     def _log_retry(self, attempt: int, exc: BaseException) -> None:
         log.info("release of lock %s: attempt %d failed: %r", self.name, attempt, exc)
-
-    async def _release_once(self) -> None:
-        lock = self._lock
-        nonce = new_nonce()
-        record = released_record(self._record, now=lock.clock(), nonce=nonce)
-        self._pending[nonce] = lock.monotonic()
-        try:
-            info = await lock.store.write_if_match(lock.key, encode_record(record), self._version)
-        except (PreconditionFailed, NotFound, OutcomeUnknown):
-            try:
-                current = await observe(lock.store, lock.key)
-            except READ_AGAIN as exc:
-                raise TransientError(f"could not re-read lock {self.name}: {exc!r}") from exc
-            outcome = self._judge_seen(current)
-            if outcome is Resolution.SUPERSEDED:
-                log.info("lock %s (epoch %d) was no longer ours at release", self.name, self.epoch)
-                return
-            if outcome is Resolution.OURS and current is not None and current.record.released:
-                return
-            raise TransientError(f"release of lock {self.name} did not land; trying again") from None
-        self._confirm(record, info.version, 0.0)
 
     # -- guarding a block --------------------------------------------------------------
 
@@ -351,7 +272,11 @@ class HeldLease(Renewals):
         # No await before this point: the heartbeat cannot cancel us any more.
         task, self._guarded = self._guarded, None
         cancels, self._cancels_sent = self._cancels_sent, 0
-        if self._lost_error is None and not self._released and self._lock.monotonic() >= self._deadline:
+        if (
+            self._lost_error is None
+            and not self._released
+            and self._handle.monotonic() >= self._holding.deadline
+        ):
             self._mark_lost(LockLost(f"lock {self.name} (epoch {self.epoch}): the block outlived its lease"))
         lost = self._lost_error
         outside_cancels = 0

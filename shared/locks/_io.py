@@ -1,4 +1,4 @@
-"""The storage lock's shared I/O helpers: owner ids, nonces, reading the lock object, shielded cleanup."""
+"""The storage lock's shared I/O helpers: owner ids, nonces, reading the lock object."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import secrets
 import socket
 import sys
 import threading
-from collections.abc import Awaitable, Callable, Iterator
-from typing import Final, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Final
 
 import msgspec
 
@@ -23,7 +23,6 @@ from ._state import LockRecord, Observed, decode_record, lock_key
 
 log = logging.getLogger("shared.locks")
 
-T = TypeVar("T")
 Clock = Callable[[], float]
 
 # Errors after which a conditional write may or may not have taken effect.
@@ -40,33 +39,6 @@ def default_owner() -> str:
 def new_nonce() -> str:
     """Return a fresh random nonce (16 hex digits): one per write, so every write changes the bytes."""
     return nonce()
-
-
-async def run_shielded(aw: Awaitable[T]) -> T:
-    """Run ``aw`` to completion even if the caller is cancelled meanwhile.
-
-    Returns:
-        What ``aw`` returned, when the caller was not cancelled.
-
-    Raises:
-        Whatever ``aw`` raised; or, when the caller was cancelled while
-        waiting, CancelledError after ``aw`` has finished (its result or error
-        is then dropped, with an error logged).
-    """
-    task = asyncio.ensure_future(aw)
-    cancelled: asyncio.CancelledError | None = None
-    while not task.done():
-        try:
-            await asyncio.shield(task)
-        except asyncio.CancelledError as exc:
-            if task.cancelled():
-                raise  # the shielded work itself was cancelled (loop shutdown)
-            cancelled = exc
-    if cancelled is not None:
-        if not task.cancelled() and task.exception() is not None:
-            log.error("shielded cleanup failed during cancellation", exc_info=task.exception())
-        raise cancelled
-    return task.result()
 
 
 async def read_lock(store: ObjectStore, name: str) -> LockRecord | None:
@@ -197,4 +169,4 @@ async def observe(store: ObjectStore, key: str) -> Observed | None:
     return observed
 
 
-__all__ = ["Clock", "default_owner", "read_lock", "run_shielded"]
+__all__ = ["Clock", "default_owner", "read_lock"]

@@ -13,7 +13,9 @@ our own owner and nonce, never by guessing. A lease that is lost (renewal
 refused, or its local deadline passed before a renewal got through) sets
 :attr:`HeldLease.lost`, and when the lease guards a block (``async with``) that
 block's task is cancelled at once and the block ends with :class:`LockLost`
-(see ``_held.py``). This module holds the contender, :class:`StorageLock`.
+(see ``_held.py``). This module holds the contender, :class:`StorageLock`: it
+makes a :class:`~._holding.LockHandle` once, and a :class:`HeldLease` on each
+claim that wins, given that handle and a callback for when it is released.
 """
 
 from __future__ import annotations
@@ -25,15 +27,17 @@ import random
 import time
 from collections.abc import AsyncIterator
 
+from .._aio import run_shielded
 from .._errors import (
     ConfigError,
     LockTimeout,
     PreconditionFailed,
 )
 from .._retry import RetryPolicy
-from .._settings import LockSettings
+from ..settings import LockSettings
 from ..storage import ObjectStore
 from ._held import HeldLease
+from ._holding import LockHandle
 from ._io import (
     AMBIGUOUS,
     READ_AGAIN,
@@ -43,8 +47,6 @@ from ._io import (
     default_owner,
     new_nonce,
     observe,
-    read_lock,
-    run_shielded,
     wait_for_release,
 )
 from ._notify import ReleaseNotifier
@@ -113,27 +115,29 @@ class StorageLock:
                 f"(got validity={settings.validity:g}, max_drift={settings.max_drift:g}, "
                 f"renew_interval={settings.renew_interval:g})"
             )
-        self._store = store
-        self._name = name
-        self._key = lock_key(name)
+        self._handle = LockHandle(
+            store=store,
+            name=name,
+            key=lock_key(name),
+            settings=settings,
+            clock=clock,
+            monotonic=monotonic,
+            retry=retry or RetryPolicy(attempts=6, initial=0.05, maximum=1.0, budget=settings.validity),
+            rng=rng or _RNG,
+            notifier=notifier,
+        )
         self._owner = owner or default_owner()
-        self._settings = settings
-        self._clock = clock
-        self._monotonic = monotonic
-        self._retry = retry or RetryPolicy(attempts=6, initial=0.05, maximum=1.0, budget=settings.validity)
-        self._rng = rng or _RNG
         self._lease: HeldLease | None = None
-        self._notifier = notifier
 
     @property
     def name(self) -> str:
         """The lock's name."""
-        return self._name
+        return self._handle.name
 
     @property
     def key(self) -> str:
         """The lock object's key in the store."""
-        return self._key
+        return self._handle.key
 
     @property
     def owner(self) -> str:
@@ -143,42 +147,43 @@ class StorageLock:
     @property
     def store(self) -> ObjectStore:
         """The store the lock lives in."""
-        return self._store
+        return self._handle.store
 
     @property
     def settings(self) -> LockSettings:
         """The lock's timing settings."""
-        return self._settings
+        return self._handle.settings
 
     @property
     def retry_policy(self) -> RetryPolicy:
         """The retry policy of release."""
-        return self._retry
+        return self._handle.retry
 
     @property
     def rng(self) -> random.Random:
         """The random source of backoff jitter."""
-        return self._rng
+        return self._handle.rng
 
     def clock(self) -> float:
         """Return the wall-clock time (Unix seconds)."""
-        return self._clock()
+        return self._handle.clock()
 
     def monotonic(self) -> float:
         """Return the monotonic time (seconds)."""
-        return self._monotonic()
+        return self._handle.monotonic()
 
     @property
     def notifier(self) -> ReleaseNotifier | None:
         """The cross-process release notifier, if any."""
-        return self._notifier
+        return self._handle.notifier
 
     @property
     def lease(self) -> HeldLease | None:
         """The current unreleased lease of this contender, if any."""
         return self._lease
 
-    def _forget(self, lease: HeldLease) -> None:
+    def _released(self, lease: HeldLease) -> None:
+        """The lease's on-release callback: this contender may take a new lease."""
         if self._lease is lease:
             self._lease = None
 
@@ -236,17 +241,18 @@ class StorageLock:
         acquire does not leave a lock behind.
         """
         self._check_free()
-        budget = self._settings.acquire_timeout if timeout is None else timeout
+        budget = self._handle.settings.acquire_timeout if timeout is None else timeout
         deadline = self.monotonic() + budget
         claims: dict[str, tuple[float, str | None]] = {}
         attempt = 0
         holder: LockRecord | None = None
         woken = False
         async with self._settle_claims(claims):
-            with RELEASES.watch(self._store, self._key) as released:
+            with RELEASES.watch(self._handle.store, self._handle.key) as released:
+                notifier = self._handle.notifier
                 notices = (
-                    self._notifier.watch(self._name, released)
-                    if self._notifier is not None
+                    notifier.watch(self._handle.name, released)
+                    if notifier is not None
                     else contextlib.nullcontext()
                 )
                 async with notices:
@@ -263,9 +269,15 @@ class StorageLock:
                         remaining = deadline - self.monotonic()
                         if remaining <= 0:
                             who = f"held by {holder.owner} (epoch {holder.epoch})" if holder else "not free"
-                            raise LockTimeout(f"lock {self._name} not acquired within {budget:g}s: {who}")
+                            raise LockTimeout(
+                                f"lock {self._handle.name} not acquired within {budget:g}s: {who}"
+                            )
                         delay = poll_delay(
-                            attempt, now=self.clock(), until=until, settings=self._settings, rng=self._rng
+                            attempt,
+                            now=self.clock(),
+                            until=until,
+                            settings=self._handle.settings,
+                            rng=self.rng,
                         )
                         attempt += 1
                         woken = await wait_for_release(released, min(delay, remaining))
@@ -297,7 +309,7 @@ class StorageLock:
 
     def _check_free(self) -> None:
         if self._lease is not None:
-            raise RuntimeError(f"lock {self._name}: this contender already holds it (not re-entrant)")
+            raise RuntimeError(f"lock {self._handle.name}: this contender already holds it (not re-entrant)")
 
     async def _attempt(
         self,
@@ -322,36 +334,38 @@ class StorageLock:
         ``write_again``; else the claim's error is returned).
         """
         if guess and write:
-            seen = SEEN.get(self._store, self._key)
+            seen = SEEN.get(self._handle.store, self._handle.key)
             guessed = (
                 Create()
                 if seen is None
                 else decide_acquire(
-                    seen, now=self.clock(), owner=self._owner, nonces=claims, settings=self._settings
+                    seen, now=self.clock(), owner=self._owner, nonces=claims, settings=self._handle.settings
                 )
             )
             if isinstance(guessed, Create | TakeOver):
                 won = await self._claim(guessed, claims)
                 if isinstance(won, HeldLease):
                     return won
-                SEEN.forget(self._store, self._key)
+                SEEN.forget(self._handle.store, self._handle.key)
                 if not write_again:
                     return won  # one claim per attempt: the caller reads (and settles) next
         try:
-            observed = await observe(self._store, self._key)
+            observed = await observe(self._handle.store, self._handle.key)
         except READ_AGAIN as exc:
             if not tolerate_read_errors:
                 raise
-            log.debug("lock %s: read failed: %r", self._name, exc)
+            log.debug("lock %s: read failed: %r", self._handle.name, exc)
             return None
         decision = decide_acquire(
-            observed, now=self.clock(), owner=self._owner, nonces=claims, settings=self._settings
+            observed, now=self.clock(), owner=self._owner, nonces=claims, settings=self._handle.settings
         )
         if isinstance(decision, Wait):
             return decision
         if isinstance(decision, Ours):
             started, took_over_from = claims[decision.record.nonce]
-            log.info("lock %s: a claim that reported failure had succeeded (ghost resolved)", self._name)
+            log.info(
+                "lock %s: a claim that reported failure had succeeded (ghost resolved)", self._handle.name
+            )
             return self._new_lease(decision.record, decision.version, started, took_over_from)
         if not write:
             return None
@@ -363,7 +377,7 @@ class StorageLock:
         nonce = new_nonce()
         started = self.monotonic()
         record = claim_record(
-            decision, owner=self._owner, now=self.clock(), nonce=nonce, settings=self._settings
+            decision, owner=self._owner, now=self.clock(), nonce=nonce, settings=self._handle.settings
         )
         expired = isinstance(decision, TakeOver) and decision.reason == "expired"
         took_over_from = decision.previous.owner if isinstance(decision, TakeOver) and expired else None
@@ -371,9 +385,9 @@ class StorageLock:
         data = encode_record(record)
         try:
             if isinstance(decision, TakeOver):
-                info = await self._store.write_if_match(self._key, data, decision.version)
+                info = await self._handle.store.write_if_match(self._handle.key, data, decision.version)
             else:
-                info = await self._store.write_if_absent(self._key, data)
+                info = await self._handle.store.write_if_absent(self._handle.key, data)
         except AMBIGUOUS as exc:
             return exc
         return self._new_lease(record, info.version, started, took_over_from)
@@ -384,16 +398,20 @@ class StorageLock:
         if took_over_from is not None:
             log.warning(
                 "lock %s taken over from %s (epoch %d)",
-                self._name,
+                self._handle.name,
                 took_over_from,
                 record.epoch,
-                extra={"lock": self._name, "owner": self._owner, "previous_owner": took_over_from},
+                extra={"lock": self._handle.name, "owner": self._owner, "previous_owner": took_over_from},
             )
         lease = HeldLease(
-            self, record=record, version=version, write_started=started, took_over_from=took_over_from
+            self._handle,
+            record=record,
+            version=version,
+            write_started=started,
+            took_over_from=took_over_from,
+            on_release=self._released,
         )
         self._lease = lease
-        lease._start()
         return lease
 
     @contextlib.asynccontextmanager
@@ -408,19 +426,21 @@ class StorageLock:
 
     async def _abandon(self, claims: dict[str, tuple[float, str | None]]) -> None:
         try:
-            observed = await observe(self._store, self._key)
+            observed = await observe(self._handle.store, self._handle.key)
             if observed is None:
                 return
             decision = decide_acquire(
-                observed, now=self.clock(), owner=self._owner, nonces=claims, settings=self._settings
+                observed, now=self.clock(), owner=self._owner, nonces=claims, settings=self._handle.settings
             )
             if not isinstance(decision, Ours):
                 return
             record = released_record(decision.record, now=self.clock(), nonce=new_nonce())
-            await self._store.write_if_match(self._key, encode_record(record), decision.version)
-            log.info("lock %s: released a claim that landed after the acquirer gave up", self._name)
+            await self._handle.store.write_if_match(self._handle.key, encode_record(record), decision.version)
+            log.info("lock %s: released a claim that landed after the acquirer gave up", self._handle.name)
         except (*AMBIGUOUS, *READ_AGAIN) as exc:
-            log.warning("lock %s: could not settle an abandoned claim (%r); it will expire", self._name, exc)
+            log.warning(
+                "lock %s: could not settle an abandoned claim (%r); it will expire", self._handle.name, exc
+            )
 
 
-__all__ = ["Clock", "HeldLease", "StorageLock", "default_owner", "read_lock", "run_shielded"]
+__all__ = ["StorageLock"]

@@ -27,10 +27,9 @@ from typing import Any, NoReturn, Protocol
 import redis.asyncio
 import redis.exceptions
 
-from .._aio import TaskGroup, cancel_until_done, raise_if_cancelling
+from .._aio import TaskGroup, cancel_until_done, raise_if_cancelling, run_shielded
 from .._redis_py import CAUGHT, is_redis_failure
 from .._retry import RetryPolicy
-from ._io import run_shielded
 
 log = logging.getLogger("shared.locks")
 

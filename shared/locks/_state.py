@@ -5,7 +5,7 @@ Everything here takes the time (wall clock ``now``, or a monotonic instant) and
 what was read from the store as arguments, and returns what to do, so the async
 layer in ``_lock.py`` only performs I/O and the rules can be tested exhaustively.
 
-Timing rules (``s`` is a :class:`~shared._settings.LockSettings`):
+Timing rules (``s`` is a :class:`~shared.settings.LockSettings`):
 
 - A record is *held* until ``expires_at + s.max_drift`` by the reader's wall
   clock; after that (or once ``released``) anyone may take it over.
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import msgspec
 
 from .._errors import BadInput
-from .._settings import LockSettings
+from ..settings import LockSettings
 
 RECORD_VERSION = 1
 LOCKS_PREFIX = "_locks/"

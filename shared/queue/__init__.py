@@ -5,7 +5,6 @@ See docs/queue.md for the key layout, entry fields and consumer-group semantics.
 """
 
 from ._admin_stream import DEFAULT_ADMIN_MAXLEN, AdminPublisher, follow_admin, read_admin_range
-from ._bench import raw_consume_rate
 from ._cluster import wait_replicated
 from ._connect import connect, connect_sync, redis_errors
 from ._consumer import DEFAULT_GROUP, ConsumerInfo, ShardConsumer, ShardLag, Trimmed, trim_acknowledged
@@ -35,6 +34,13 @@ from ._job_outcome import (
     read_outcome_sync,
 )
 from ._keys import Keys
+from ._operator_requests import (
+    OperatorRequest,
+    check_request_names,
+    quarantine_reason,
+    queue_operator_request,
+    read_operator_requests,
+)
 from ._publisher import AsyncPublisher, SyncPublisher, plan_entries
 from ._routing import group_by_shard, shard_of, split_by_shard
 
@@ -67,6 +73,11 @@ __all__ = [
     "entries_from_reply",
     "FleetMeta",
     "Keys",
+    "OperatorRequest",
+    "check_request_names",
+    "quarantine_reason",
+    "queue_operator_request",
+    "read_operator_requests",
     "ShardConsumer",
     "ShardLag",
     "SyncPublisher",
@@ -82,7 +93,6 @@ __all__ = [
     "id_key",
     "join_fleet",
     "plan_entries",
-    "raw_consume_rate",
     "read_admin_range",
     "read_dead_letters",
     "read_fleet_meta",

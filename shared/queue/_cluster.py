@@ -1,6 +1,6 @@
 """Redis Cluster clients and the WAIT-for-replicas step of publishers.
 
-A ``redis+cluster://`` URL (see :mod:`shared._redis_url`) gives redis-py's
+A ``redis+cluster://`` URL (see :mod:`shared.settings`) gives redis-py's
 ``RedisCluster``. Like the single-node clients, its own retry loop is off
 (``Retry(NoBackoff(), 0)``): a connection error marks the slot map stale
 and surfaces at once as TransientError, and our RetryPolicy retries on the
@@ -31,8 +31,7 @@ import redis.exceptions as rx
 import redis.retry
 
 from .._errors import ConfigError, TransientError
-from .._redis_url import parse_cluster_url
-from .._settings import RedisSettings
+from ..settings import RedisSettings, parse_cluster_url
 
 
 def _cluster_kwargs(

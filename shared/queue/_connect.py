@@ -31,8 +31,7 @@ import redis.retry
 
 from .._errors import ConfigError, NotFound, Throttled, TransientError
 from .._redis_py import is_redis_failure
-from .._redis_url import is_cluster_url
-from .._settings import RedisSettings
+from ..settings import RedisSettings, is_cluster_url
 from ._cluster import connect_cluster, connect_cluster_sync
 
 # A pooled connection idle longer than this is PINGed before use, so a Redis

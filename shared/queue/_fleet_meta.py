@@ -15,7 +15,7 @@ import redis
 import redis.asyncio
 
 from .._errors import ConfigError
-from .._settings import Settings
+from ..settings import Settings
 from ._connect import redis_errors
 from ._keys import Keys
 

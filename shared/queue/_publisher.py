@@ -31,9 +31,8 @@ import redis.asyncio
 
 from .._errors import ConfigError
 from .._retry import RetryPolicy, retry
-from .._secret import Secret
-from .._settings import RedisSettings
 from ..events import QueueEvent, entry_fields
+from ..settings import RedisSettings, Secret
 from ._cluster import check_waits, is_cluster, queue_wait
 from ._connect import connect_sync, redis_errors
 from ._fleet_meta import ensure_fleet, ensure_fleet_sync

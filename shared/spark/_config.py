@@ -5,8 +5,7 @@ from __future__ import annotations
 import msgspec
 
 from .._errors import ConfigError
-from .._secret import Secret, coerce_secret, split_redis_url
-from .._settings import RedisSettings, Settings, StoreSettings
+from ..settings import RedisSettings, Secret, Settings, StoreSettings, coerce_secret, split_redis_url
 
 
 class ProducerConfig(msgspec.Struct, frozen=True, kw_only=True):

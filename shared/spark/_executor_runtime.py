@@ -24,7 +24,7 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from .._settings import StoreSettings
+from ..settings import StoreSettings
 from ..storage import ObjectStore, open_store
 
 T = TypeVar("T")

@@ -44,7 +44,7 @@ from ..events import (
 )
 from ..queue import DatasetResult
 from ._config import ProducerConfig
-from ._finish import FinishMixin
+from ._finish import JobEnd
 from ._names import check_datasets, new_job_id, reason_text
 from ._outcome import Heartbeat
 from ._partitions import check_partition_columns
@@ -66,7 +66,7 @@ class JobCancelledError(CommitfleetError):
     """The commitfleet job was cancelled (``JobContext.cancel``) before or between actions."""
 
 
-class JobContext(FinishMixin):
+class JobContext:
     """One open commitfleet job on the driver (made by :func:`commit_job`).
 
     Thread safety: :meth:`cancel` may be called from any thread, and
@@ -86,8 +86,15 @@ class JobContext(FinishMixin):
         self._writing: set[str] = set()
         self._lock = threading.Lock()
         self._cancel_reason: str | None = None
-        self._results: dict[str, DatasetResult] = {}
-        self._finishing = False  # the body is over: the heartbeat no longer cancels
+        # How the job ends (JobFinished, the outcome, the heartbeat's cancels): a part of its own.
+        self._end = JobEnd(
+            config,
+            job_id,
+            datasets,
+            publish=self._publish,
+            cancel=self.cancel,
+            cancel_reason=lambda: self.cancel_reason,
+        )
 
     @property
     def job_id(self) -> str:
@@ -117,8 +124,7 @@ class JobContext(FinishMixin):
         Each result has ``status`` (``committed``), ``files``, ``bytes`` and
         ``manifest`` (the manifest's key under the store root).
         """
-        with self._lock:
-            return dict(self._results)
+        return self._end.results
 
     @property
     def cancel_reason(self) -> str | None:
@@ -367,7 +373,7 @@ def commit_job(
         app=resolved.app,
     )
     ctx._publish(ctx._started)
-    heartbeat = Heartbeat(resolved, job, names, on_beat=ctx._on_beat)
+    heartbeat = Heartbeat(resolved, job, names, on_beat=ctx._end.on_beat)
     heartbeat.start()
     try:
         ctx._set_job_group(f"commitfleet {job}")
@@ -378,15 +384,15 @@ def commit_job(
             ctx._raise_if_cancelled()
             ctx._check_complete()
         except BaseException as exc:
-            ctx._stop_cancelling()
+            ctx._end.stop_cancelling()
             ctx._abort(exc)
             raise
-        ctx._stop_cancelling()
+        ctx._end.stop_cancelling()
         # Not inside the abort path: JobFinished may have reached some shards
         # when publishing fails, and a JobFailed after it would split the job.
-        ctx._publish_finished()
+        ctx._end.publish_finished(ctx.expectations)
         if resolved.wait if wait is None else wait:
-            ctx._wait(resolved.wait_timeout)
+            ctx._end.wait(resolved.wait_timeout)
     finally:
         heartbeat.stop()
         ctx._restore_group_properties(saved)

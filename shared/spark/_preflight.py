@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from .._errors import CommitfleetError, ConfigError
-from .._secret import masked_url, secret_enc_hook
+from ..settings import masked_url, secret_enc_hook
 from ._config import ProducerConfig
 
 if TYPE_CHECKING:
@@ -148,7 +148,7 @@ def _probe_task(job: str, config_doc: dict[str, Any]) -> Any:
             preflight = importlib.import_module("shared.spark._preflight")
             config_mod = importlib.import_module("shared.spark._config")
             conv = importlib.import_module("msgspec").convert
-            hook = importlib.import_module("shared._secret").secret_dec_hook
+            hook = importlib.import_module("shared.settings").secret_dec_hook
         except ImportError as exc:
             yield [f"package: cannot import commitfleet's shared package on the executor: {exc}"]
             return

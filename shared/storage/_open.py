@@ -6,7 +6,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from .._errors import ConfigError
-from .._settings import StoreSettings
+from ..settings import StoreSettings
 from ._port import ObjectStore
 
 

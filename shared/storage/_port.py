@@ -20,7 +20,7 @@ from types import TracebackType
 from typing import Protocol, Self, runtime_checkable
 
 from .._errors import BadInput
-from .._settings import StoreSettings
+from ..settings import StoreSettings
 
 # Keys never start with this segment: the local adapter keeps its own
 # bookkeeping (temp files, lock stripes) there.

@@ -45,7 +45,7 @@ from .._errors import (
     Throttled,
     TransientError,
 )
-from .._settings import StoreSettings
+from ..settings import StoreSettings
 from ._port import ObjectData, ObjectInfo, PrefixedStore, check_key, check_prefix
 
 # What a request was doing when it failed: decides how an error is read.

@@ -1,25 +1,16 @@
-"""Checkpoint gates: hold a worker's work at one of its named checkpoints (``commit.locked``...).
+"""Checkpoint gates: probes that hold a worker's work at a named point (``commit.locked``...).
 
-A worker's actions await ``checkpoint(point)`` at each step of a commit or an
-abort. :func:`install_checkpoint` is the one place where a test's hook is put
-in its stead; the gates below are the hooks the tests share.
+A worker awaits its probe (``Worker(settings, probe=...)``, see
+:mod:`workers._probe`; ``inprocess_fleet(..., probe=...)`` gives it to every
+worker) at each step of a commit or an abort. The gates below are the probes
+the tests share; each is a callable ``gate(point)``.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 
-import pytest
-
-import workers._actions as actions
-
-Checkpoint = Callable[[str], Awaitable[None]]
-
-
-def install_checkpoint(monkeypatch: pytest.MonkeyPatch, hook: Checkpoint) -> None:
-    """Make every checkpoint a worker's actions reach in this test await ``hook(point)``."""
-    monkeypatch.setattr(actions, "checkpoint", hook)
+from workers import Probe
 
 
 class PauseFirst:
@@ -40,11 +31,14 @@ class PauseFirst:
             await self.go.wait()
 
 
-def pause_first_at(monkeypatch: pytest.MonkeyPatch, point: str) -> tuple[asyncio.Event, asyncio.Event]:
-    """Install a :class:`PauseFirst` at ``point``; return its ``(paused, go)`` events."""
+def pause_first_at(point: str) -> tuple[asyncio.Event, asyncio.Event, Probe]:
+    """Return a :class:`PauseFirst` at ``point`` as ``(paused, go, probe)``.
+
+    ``paused`` is set when the first work arrives at ``point``; it goes on once
+    the test sets ``go``; give ``probe`` to the worker.
+    """
     gate = PauseFirst(point)
-    install_checkpoint(monkeypatch, gate)
-    return gate.paused, gate.go
+    return gate.paused, gate.go, gate
 
 
 class HoldAt:

@@ -15,7 +15,6 @@ import random
 from dataclasses import dataclass
 
 from shared import LockLost, Settings
-from shared._settings import CommitSettings, RetrySettings
 from shared.commit import (
     CommitRequest,
     StagedFile,
@@ -25,6 +24,7 @@ from shared.commit import (
     read_watermarks,
 )
 from shared.events import published_key, staged_key, wal_prefix
+from shared.settings import CommitSettings, RetrySettings
 from shared.storage import ObjectStore
 
 

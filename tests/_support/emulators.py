@@ -5,7 +5,7 @@ Registered as a pytest plugin by ``tests/conftest.py`` so every test folder can 
 - ``any_store``: an open :class:`~shared.storage.ObjectStore` at a fresh, empty root, parametrized over
   the backends with ids ``local``, ``s3``, ``gcs``, ``azure``.
 - ``store_target`` (same parametrization): the root's ``url`` and ``settings`` (a
-  :class:`~shared._settings.StoreSettings`), so a test or another process can open more stores on it;
+  :class:`~shared.settings.StoreSettings`), so a test or another process can open more stores on it;
   ``store_url`` / ``store_settings`` are its two halves and ``store_factory()`` opens another store on it.
 - ``make_target(backend, fresh_bucket=False)``: a fresh root on one named backend.
 - ``s3_emulator``, ``gcs_emulator``, ``azure_emulator``: the session's emulator processes, started lazily
@@ -40,7 +40,7 @@ from typing import Any
 
 import pytest
 
-from shared._settings import Secret, StoreSettings
+from shared.settings import Secret, StoreSettings
 from shared.storage import ObjectStore, open_store
 from tests._support.ports import free_port
 from tests._support.wait import wait_for_sync

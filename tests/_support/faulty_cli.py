@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import os
 
-from coordinator._coordinator import Coordinator
+from coordinator import Coordinator
 from workers._shard import ShardRunner
 
 FAULT = os.environ.get("CF_TEST_FAULT", "")
@@ -60,6 +60,6 @@ elif FAULT == "coordinator-step":
 else:
     raise SystemExit(f"unknown fault {FAULT!r}")
 
-from coordinator._cli import main  # noqa: E402 - after the patch, as the CLI imports the worker lazily
+from coordinator.cli import main  # noqa: E402 - after the patch, as the CLI imports the worker lazily
 
 main()

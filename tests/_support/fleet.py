@@ -23,7 +23,7 @@ from shared.events import AdminEvent
 from shared.queue import AsyncPublisher, DeadLetter, Keys, ensure_fleet, read_admin_range, read_dead_letters
 from shared.spark import ProducerConfig
 from shared.storage import ObjectStore, open_store
-from workers import Worker
+from workers import Probe, Worker
 
 
 def fleet_settings(redis_url: str, root: Path, fleet: str, *, shards: int = 8, **extra: Any) -> Settings:
@@ -66,6 +66,7 @@ class InProcessFleet:
     worker_tasks: list[asyncio.Task[None]]
     publisher: AsyncPublisher
     spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]] = field(repr=False)
+    probe: Probe | None = None
 
     @property
     def keys(self) -> Keys:
@@ -95,7 +96,7 @@ class InProcessFleet:
 
     def start_worker(self, worker_id: str) -> tuple[Worker, asyncio.Task[None]]:
         """Start one more worker (it joins :attr:`workers`); return it and the task running it."""
-        worker = Worker(self.settings, worker_id=worker_id)
+        worker = Worker(self.settings, worker_id=worker_id, probe=self.probe)
         task = self.spawn(worker.run())
         self.workers.append(worker)
         self.worker_tasks.append(task)
@@ -122,6 +123,7 @@ async def inprocess_fleet(
     workers: Sequence[str] = ("w1",),
     ensure: bool = True,
     workers_may_fail: bool = False,
+    probe: Probe | None = None,
 ) -> AsyncIterator[InProcessFleet]:
     """Run a coordinator ``c1`` and one worker per id of ``workers`` in this process until the block ends.
 
@@ -129,6 +131,8 @@ async def inprocess_fleet(
     handle is opened from them, the publisher signs with their secret and
     ``redis_client`` is the test's own client. ``ensure``: create the fleet's
     streams and groups before anything starts (as ``commitfleet init`` does).
+    ``probe``: every worker's probe (:mod:`workers._probe`, e.g. a gate of
+    :mod:`tests._support.checkpoints`), by default nothing.
 
     At the block's end every process is asked to stop and is waited for. By
     default they run in a task group: one that raises fails the test at once,
@@ -142,7 +146,7 @@ async def inprocess_fleet(
     if ensure:
         await ensure_fleet(redis_client, fleet_name, shards)
     coord = Coordinator(settings, coordinator_id="c1")
-    members = [Worker(settings, worker_id=wid) for wid in workers]
+    members = [Worker(settings, worker_id=wid, probe=probe) for wid in workers]
     secret = settings.security.hmac_secret.reveal_bytes()
     publisher = AsyncPublisher(redis_client, fleet_name, shards, secret=secret)
     async with AsyncExitStack() as stack:
@@ -155,7 +159,7 @@ async def inprocess_fleet(
         coord_task = spawn(coord.run())
         worker_tasks = [spawn(w.run()) for w in members]
         fleet = InProcessFleet(
-            settings, store, redis_client, coord, coord_task, members, worker_tasks, publisher, spawn
+            settings, store, redis_client, coord, coord_task, members, worker_tasks, publisher, spawn, probe
         )
         try:
             yield fleet

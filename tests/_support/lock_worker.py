@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from shared import LockLost
-from shared._settings import LockSettings
 from shared.locks import StorageLock
+from shared.settings import LockSettings
 from shared.storage._local import LocalStore
 
 

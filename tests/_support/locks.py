@@ -8,9 +8,9 @@ The fault-injecting store of those tests is :class:`tests._support.fault_store.F
 from __future__ import annotations
 
 from shared import RetryPolicy
-from shared._settings import LockSettings
 from shared.locks import LockRecord, StorageLock, lock_key, read_lock
 from shared.locks._state import decode_record
+from shared.settings import LockSettings
 from shared.storage import ObjectStore
 from shared.storage._counting import CountingStore
 

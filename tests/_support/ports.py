@@ -1,5 +1,5 @@
 """Free loopback ports for services the tests start themselves (the same helper the demo uses)."""
 
-from coordinator._procs import free_port
+from coordinator.demo import free_port
 
 __all__ = ["free_port"]

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import redis.asyncio
 
-from coordinator._procs import FleetProcess
 from shared import Settings
 from shared.commit import audit
 from shared.events import (
@@ -34,6 +33,7 @@ from tests._support.fleet_checks import (
     no_wal_left,
 )
 from tests._support.fleet_jobs import failed_job, good_job, stage_task
+from tests._support.processes import FleetProcess
 from tests._support.wait import wait_for
 
 

@@ -26,7 +26,6 @@ import pytest
 import redis
 import redis.asyncio
 
-from coordinator._procs import FleetProcess, fleet_processes, write_config
 from shared import Settings
 from shared.commit import ManifestFile, audit, read_manifest, read_watermarks
 from shared.events import (
@@ -47,6 +46,7 @@ from shared.spark import ProducerConfig, TaskResult, commit_job, max_watermark
 from shared.storage import ObjectStore, open_store
 from tests._support.fleet import fleet_settings
 from tests._support.fleet_checks import admin_events
+from tests._support.processes import FleetProcess, fleet_processes, write_config
 from tests._support.wait import wait_for
 
 SHARDS = 4

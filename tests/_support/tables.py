@@ -11,10 +11,18 @@ import msgspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from shared._settings import Settings, TablesSettings
-from shared.commit import CommitRequest, StagedFile, WinningAttempt, table_step
-from shared.commit._catalog_ops import DATASET_PROPERTY, JOB_PROPERTY, load_table, open_catalog
+from shared.commit import (
+    DATASET_PROPERTY,
+    JOB_PROPERTY,
+    CommitRequest,
+    StagedFile,
+    WinningAttempt,
+    load_table,
+    open_catalog,
+    table_step,
+)
 from shared.events import TableBinding, staged_key
+from shared.settings import Settings, TablesSettings
 from shared.storage import ObjectStore
 from tests._support.commit import StagedJob, fast_settings
 from tests._support.emulators import StoreTarget

@@ -62,7 +62,7 @@ def main() -> None:
         tracemalloc.start(frames)
     every = float(os.environ.get("CF_TRACEMALLOC_EVERY", "60"))
     threading.Thread(target=_dumper, args=(folder, every), daemon=True, name="tracemalloc-dump").start()
-    from coordinator._cli import main as cli
+    from coordinator.cli import main as cli
 
     cli()
 

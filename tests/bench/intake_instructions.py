@@ -5,7 +5,7 @@ event is within a fifth of its CPU time), and on a shared virtual machine its
 rate moves by half from one run to the next. This counts what one event costs
 instead: it feeds ``--events`` TaskFinished entries (as ``entries_from_raw``
 builds them from a stream reply, 500 a batch) through the shard's judging
-(``IntakeMixin._judge_all``: decode, validate, route, decide, apply) and the
+(``Intake._judge_all``: decode, validate, route, decide, apply) and the
 encoding of their save (``ShardStateStore.prepare``), with no Redis, under
 ``valgrind --tool=callgrind``; and once more building the same entries without
 judging them. The difference over the events is the instructions per event,
@@ -65,22 +65,29 @@ def run(n: int, *, judge: bool) -> float:
     from shared.events._validation import ValidationLimits
     from shared.queue import Keys, entries_from_raw
     from workers._heap import tune_gc
-    from workers._intake import IntakeMixin
-    from workers._jobstate import ShardJobs
+    from workers._intake import Intake
+    from workers._ledger import ShardLedger
     from workers._state_store import ShardStateStore
 
     raw = _entries(n)
     tune_gc()  # as a worker process does
     if not judge:
         return 0.0
-    runner: Any = IntakeMixin()
     settings = types.SimpleNamespace(
         fleet=types.SimpleNamespace(shards=1), worker=types.SimpleNamespace(job_timeout=3600.0)
     )
-    runner.ctx = types.SimpleNamespace(settings=settings, limits=ValidationLimits())
-    runner.shard = 0
-    runner.state = ShardJobs()
-    runner._consumer = types.SimpleNamespace(stream="bench")
+    ctx: Any = types.SimpleNamespace(settings=settings, limits=ValidationLimits())
+    consumer: Any = types.SimpleNamespace(stream="bench")
+    ledger = ShardLedger()
+    runner = Intake(
+        ctx,
+        0,
+        consumer=consumer,
+        ledger=ledger,
+        schedule=lambda action: None,
+        has_room=lambda: True,
+        stopping=asyncio.Event(),
+    )
     store = ShardStateStore(redis.asyncio.Redis(), Keys("bench"), 0, b"token")  # never connects
 
     async def judge_all() -> float:
@@ -89,7 +96,7 @@ def run(n: int, *, judge: bool) -> float:
             batch, _todo, rejected, _dups = await runner._judge_all(entries_from_raw(raw[k : k + BATCH]))
             if rejected:
                 raise SystemExit(f"{rejected} entries rejected: the bench's events must all pass")
-            store.prepare(batch, runner.state)
+            store.prepare(batch, ledger.state)
         return time.process_time() - started
 
     return asyncio.run(judge_all())

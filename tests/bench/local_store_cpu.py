@@ -27,10 +27,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from shared._settings import LockSettings
 from shared.commit import CommitRequest, StagedFile, WinningAttempt, commit_dataset
 from shared.events import lock_name, staged_key
 from shared.locks import StorageLock
+from shared.settings import LockSettings
 from shared.storage._local import LocalStore
 from tests._support.commit import fast_settings
 

@@ -40,14 +40,14 @@ from pathlib import Path
 import msgspec
 import redis.asyncio
 
-from coordinator._procs import FleetProcess, ThrowawayRedis, write_config
-from coordinator._status import fleet_status
+from coordinator.admin import fleet_status
 from shared import Settings
 from shared.queue import RESULT_RETENTION_S, AsyncPublisher, Keys, ensure_fleet
 from shared.storage import open_store
 from tests._support.fleet import fleet_settings
 from tests._support.fleet_jobs import good_job
 from tests._support.memory import rss_mb
+from tests._support.processes import FleetProcess, ThrowawayRedis, write_config
 
 
 @dataclass

@@ -47,8 +47,7 @@ from pathlib import Path
 
 import redis.asyncio
 
-from coordinator._procs import ThrowawayRedis
-from coordinator._status import fleet_status
+from coordinator.admin import fleet_status
 from shared import Settings
 from shared.events import (
     Committed,
@@ -73,9 +72,9 @@ from shared.queue import (
     trim_acknowledged,
 )
 from tests._support.fleet import fleet_settings
-from workers._decide import decide
+from tests._support.processes import ThrowawayRedis
+from workers._core import ShardJobs, decide
 from workers._inflight import InFlight, InFlightBoard, work_label
-from workers._jobstate import ShardJobs
 from workers._state_store import Batch, ShardStateStore, attempt_fields
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -116,7 +115,7 @@ class Owner:
 
     async def commit_all(self, job: str) -> list[str]:
         """Mark every dataset of ``job`` here committed, with its result, and end the job (one save,
-        as workers/_actions.py ``_set_status`` builds it per dataset); return the datasets."""
+        as workers/_ledger.py ``ShardLedger.set_status`` builds it per dataset); return the datasets."""
         meta = self.state.jobs.get(job)
         if meta is None:
             return []

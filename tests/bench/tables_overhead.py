@@ -21,9 +21,9 @@ from pathlib import Path
 
 import msgspec
 
-from shared._settings import Settings, TablesSettings
 from shared.commit import commit_dataset
 from shared.events import TableBinding
+from shared.settings import Settings, TablesSettings
 from shared.storage import open_store
 from tests._support.commit import ManualLease, fast_settings
 from tests._support.emulators import DUMMY_AWS_ENV, StoreTarget, create_bucket, start_emulator

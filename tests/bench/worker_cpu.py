@@ -45,12 +45,12 @@ from pathlib import Path
 
 import redis.asyncio
 
-from coordinator._procs import FleetProcess, ThrowawayRedis, write_config
 from shared.events import QueueEvent
 from shared.queue import AsyncPublisher, Keys, ensure_fleet
 from shared.storage import open_store
 from tests._support.fleet import fleet_settings
 from tests._support.fleet_jobs import good_job
+from tests._support.processes import FleetProcess, ThrowawayRedis, write_config
 
 
 def cpu_split(pid: int, *, thread: int | None = None) -> tuple[float, float]:

@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from coordinator._bench_cluster import run_cluster_bench
-from coordinator._bench_commit import Workload
+from coordinator.bench import Workload, run_cluster_bench
 from shared import load_settings
 
 pytestmark = pytest.mark.redis_cluster

@@ -8,9 +8,9 @@ import asyncio
 import secrets
 
 from shared._aio import cancel_until_done
-from shared._settings import RedisSettings
 from shared.locks import SharedReleaseNotifier
 from shared.queue import connect
+from shared.settings import RedisSettings
 from tests._support.wait import wait_for
 
 

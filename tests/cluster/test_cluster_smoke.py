@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from coordinator._status import get_status
+from coordinator.admin import get_status
 from shared import ConfigError, RetryPolicy, Settings, TransientError, load_settings
-from shared._settings import RedisSettings
 from shared.events import Committed, JobStarted, WorkerJoined
 from shared.queue import (
     AdminPublisher,
@@ -26,6 +25,7 @@ from shared.queue import (
     ensure_fleet,
     wait_replicated,
 )
+from shared.settings import RedisSettings
 from tests._support.fleet import fleet_settings, inprocess_fleet
 from tests._support.fleet_checks import admin_events, clean_audit, committed, no_wal_left
 from tests._support.fleet_jobs import good_job

@@ -19,7 +19,7 @@ from pathlib import Path
 import redis
 import redis.asyncio
 
-from coordinator._status import get_status
+from coordinator.admin import get_status
 from shared.events import Aborted, Committed, JobCancelled, JobStarted, QueueEvent
 from shared.queue import (
     AsyncPublisher,

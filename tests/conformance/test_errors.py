@@ -29,7 +29,7 @@ from shared._errors import (
     Throttled,
     TransientError,
 )
-from shared._settings import StoreSettings
+from shared.settings import StoreSettings
 from shared.storage import open_store
 from shared.storage._s3 import translate_error as s3_translate
 from tests._support.emulators import (

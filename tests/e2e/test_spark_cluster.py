@@ -37,7 +37,6 @@ import pyarrow.parquet as pq
 import pytest
 import redis.asyncio
 
-from coordinator._procs import FleetProcess, fleet_processes, write_config
 from shared import Settings
 from shared.commit import audit, read_manifest
 from shared.events import Aborted, Committed, TaskFinished, ValidationLimits, decode_entry
@@ -49,6 +48,7 @@ from shared.storage import ObjectStore, open_store
 from tests._support.emulators import Emulator
 from tests._support.fleet import fleet_settings
 from tests._support.fleet_checks import admin_events
+from tests._support.processes import FleetProcess, fleet_processes, write_config
 from tests._support.redis_server import RedisHandle
 from tests._support.spark_cluster import HOSTS, Cluster, Daemon, standalone_cluster
 from tests._support.wait import wait_for

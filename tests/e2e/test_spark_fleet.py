@@ -236,7 +236,7 @@ async def test_job_cancelled_from_another_thread_during_an_action_is_rolled_back
 async def test_a_bound_and_an_unbound_dataset_the_table_scan_returns_each_row_once(
     spark: Any, fleet: E2EFleet, r: redis.asyncio.Redis, store: ObjectStore
 ) -> None:
-    from shared.commit._catalog_ops import JOB_PROPERTY, load_table, open_catalog
+    from shared.commit import JOB_PROPERTY, load_table, open_catalog
 
     table = f"lake.e2e_{secrets.token_hex(4)}"
     df = tagged_rows(spark, 3)

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import redis.asyncio
 
-from shared._settings import RedisSettings
 from shared.queue import connect
+from shared.settings import RedisSettings
 from shared.storage import ObjectStore
 from tests._support.redis_cluster import LocalRedisCluster
 from tests._support.spark import spark_session_fixture

@@ -18,7 +18,6 @@ import pytest
 import redis
 import redis.asyncio
 
-from coordinator._procs import FleetProcess, fleet_processes, write_config
 from shared.commit import read_manifest
 from shared.events import Committed, JobFailed, JobTimedOut, staged_key
 from shared.fleet import FleetRegistry
@@ -28,6 +27,7 @@ from shared.spark._publishing import publisher_for
 from shared.storage import ObjectStore, open_store
 from tests._support.fleet import fleet_settings
 from tests._support.fleet_checks import admin_events
+from tests._support.processes import FleetProcess, fleet_processes, write_config
 from tests._support.redis_server import RedisHandle
 from tests._support.spark import spark_session_fixture
 from tests._support.wait import wait_for

@@ -11,13 +11,13 @@ import msgspec
 import pytest
 import redis.asyncio
 
-from coordinator._procs import fleet_processes, write_config
-from shared._secret import secret_enc_hook
 from shared.queue import AsyncPublisher, ensure_fleet
+from shared.settings import secret_enc_hook
 from shared.storage import open_store
 from tests._support.emulators import MakeTarget
 from tests._support.fleet import fleet_settings
 from tests._support.process_fleet import Fleet
+from tests._support.processes import fleet_processes, write_config
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """Exactly one ``committed`` or ``aborted`` admin event per (dataset, job), whatever point a worker dies at.
 
 Crash at every point: an in-process worker is stopped dead at one named point of
-the commit or abort path (``workers._actions.checkpoint`` is the seam: the test
+the commit or abort path (the worker's commit-path probe, ``workers._probe``, is the seam: the test
 makes it freeze there, then shuts the worker down with a tiny drain grace, so its
 work is cancelled exactly at that point, as a kill would leave it), and a second
 worker takes the shard over and finishes. The admin stream must then hold exactly
@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 import redis.asyncio
 
-from coordinator._cli_ops import operator_request
+from coordinator.cli._ops_run import operator_request
 from shared.events import Aborted, Committed, Quarantined
 from shared.queue import AdminPublisher, Keys, read_admin_range
-from tests._support.checkpoints import PauseFirst, install_checkpoint
+from tests._support.checkpoints import PauseFirst
 from tests._support.fleet import fleet_settings, inprocess_fleet
 from tests._support.fleet_checks import admin_events, clean_audit, committed, no_staging_left, no_wal_left
 from tests._support.fleet_jobs import corrupted_job, failed_job, good_job
@@ -40,14 +40,12 @@ async def test_one_outcome_event_per_dataset_whatever_point_the_worker_dies_at(
     redis_client: redis.asyncio.Redis,
     fleet_name: str,
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     settings = fleet_settings(redis_url, tmp_path / "store", fleet_name, worker={"drain_grace": 0.1})
     freeze = PauseFirst(point)  # the first work to reach the point freezes there for good
-    install_checkpoint(monkeypatch, freeze)
     aborting = point.startswith("abort.")
     job = "job-x"
-    async with inprocess_fleet(redis_client, settings) as fleet:
+    async with inprocess_fleet(redis_client, settings, probe=freeze) as fleet:
         store = fleet.store
         first, first_task = fleet.worker, fleet.worker_task
         make = failed_job if aborting else good_job

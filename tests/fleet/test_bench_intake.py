@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from coordinator import _bench
+from coordinator.bench import run_bench
 from shared import load_settings
 from shared.queue import ShardConsumer
 
@@ -30,9 +30,7 @@ async def test_the_observer_never_polls_a_group_the_worker_has_not_created_yet(
     monkeypatch.setenv("REDIS_URL", redis_url)
     out = tmp_path / "out.txt"
     with out.open("w") as fh:
-        ratio = await _bench.run_bench(
-            load_settings(env={}), 300, console=Console(file=fh, width=200), rounds=2
-        )
+        ratio = await run_bench(load_settings(env={}), 300, console=Console(file=fh, width=200), rounds=2)
     text = out.read_text()
     assert ratio > 0
     rounds = re.findall(

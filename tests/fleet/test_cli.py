@@ -23,8 +23,7 @@ import jsonschema  # type: ignore[import-untyped]
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from coordinator._procs import FleetProcess
-from coordinator._status import fleet_status
+from coordinator.admin import fleet_status
 from shared.commit import list_unfinished, read_manifest
 from shared.events import (
     Aborted,
@@ -44,6 +43,7 @@ from tests._support.fleet_checks import admin_events, clean_audit, committed, no
 from tests._support.fleet_jobs import corrupted_job, failed_job, good_job, stage_task
 from tests._support.ports import free_port
 from tests._support.process_fleet import Fleet
+from tests._support.processes import FleetProcess
 from tests._support.wait import wait_for
 
 

@@ -20,9 +20,9 @@ import pytest
 import redis.asyncio
 
 from shared import RetryPolicy
-from shared._settings import RedisSettings
 from shared.events import Aborted, Committed, WorkerJoined
 from shared.queue import AsyncPublisher, Keys, connect, shard_of
+from shared.settings import RedisSettings
 from tests._support.fleet_checks import admin_events, committed, no_staging_left
 from tests._support.fleet_jobs import failed_job, good_job
 from tests._support.process_fleet import (

@@ -2,7 +2,7 @@
 cancellation request is retried (it used to end silently, the dataset `committing` for good on a live
 worker), and every work item is visible on the shard's in-flight board while it runs.
 
-Deterministic: the commit path's seam (``workers._actions.checkpoint``) makes the first attempt do what
+Deterministic: the commit path's probe (``workers._probe``) makes the first attempt do what
 Python 3.11's TaskGroup does when a child fails after the body ended (one cancel request stays on the
 task), then starves the event loop past the lock's validity (as a loaded CPU or a SIGSTOP would), so the
 heartbeat finds the lease run out and cancels the block.
@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 import redis.asyncio
 
-from coordinator._status import fleet_status
+from coordinator.admin import fleet_status
 from shared.commit import CommitRequest, WinningAttempt, encode_sequence, plan_commit
 from shared.events import Committed, JobFailed, JobStarted, wal_key
 from shared.queue import Keys, shard_of
-from tests._support.checkpoints import install_checkpoint, pause_first_at
+from tests._support.checkpoints import pause_first_at
 from tests._support.fleet import fleet_settings, inprocess_fleet
 from tests._support.fleet_checks import admin_events, clean_audit, committed, no_wal_left
 from tests._support.fleet_jobs import good_job, stage_task
@@ -71,13 +71,11 @@ async def test_a_commit_whose_lock_ran_out_is_retried_and_shown_in_flight(
     redis_client: redis.asyncio.Redis,
     fleet_name: str,
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     settings = fleet_settings(redis_url, tmp_path / "store", fleet_name, lock=LOCK, worker={"lease": 6.0})
     hook = _StarveOnce()
-    install_checkpoint(monkeypatch, hook)
     keys = Keys(fleet_name)
-    async with inprocess_fleet(redis_client, settings) as fleet:
+    async with inprocess_fleet(redis_client, settings, probe=hook) as fleet:
         store = fleet.store
         pub = fleet.publisher
         await pub.publish_many(await good_job(store, "job-1", ["ds-1"], 2))
@@ -179,14 +177,12 @@ async def test_a_commit_block_that_outlived_its_lease_is_rechecked_not_lost_nor_
     redis_client: redis.asyncio.Redis,
     fleet_name: str,
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The block ends normally after its lease ran out: LockLost; the retry finds the work done and stops."""
     settings = fleet_settings(redis_url, tmp_path / "store", fleet_name, lock=LOCK, worker={"lease": 6.0})
     hook = _OutliveOnce()
-    install_checkpoint(monkeypatch, hook)
-    async with inprocess_fleet(redis_client, settings) as fleet:
+    async with inprocess_fleet(redis_client, settings, probe=hook) as fleet:
         store = fleet.store
         pub = fleet.publisher
         await pub.publish_many(await good_job(store, "job-o", ["ds-o"], 2))
@@ -215,21 +211,20 @@ async def test_work_waiting_for_a_slot_or_for_its_dataset_shows_as_queued(
     redis_client: redis.asyncio.Redis,
     fleet_name: str,
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """One in-flight slot, held by a commit paused at ``commit.locked``: the other commit shows `queued`.
 
     Both datasets are in one shard, so one intake batch queues both.
     """
     settings = fleet_settings(redis_url, tmp_path / "store", fleet_name, worker={"max_inflight_datasets": 1})
-    paused, go = pause_first_at(monkeypatch, "commit.locked")
+    paused, go, probe = pause_first_at("commit.locked")
     first = shard_of("ds-q0", settings.fleet.shards)
     names = [
         "ds-q0",
         next(f"ds-q{i}" for i in range(1, 1000) if shard_of(f"ds-q{i}", settings.fleet.shards) == first),
     ]
     keys = Keys(fleet_name)
-    async with inprocess_fleet(redis_client, settings) as fleet:
+    async with inprocess_fleet(redis_client, settings, probe=probe) as fleet:
         store = fleet.store
         try:
             pub = fleet.publisher

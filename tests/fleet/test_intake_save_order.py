@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
 
 import pytest
 import redis.asyncio
@@ -23,8 +22,6 @@ from shared.events import JobStarted, StagedFile, TaskFinished
 from shared.queue import DEFAULT_GROUP, AsyncPublisher, ensure_fleet
 from tests._support.fleet import InProcessFleet, fleet_settings, inprocess_fleet
 from tests._support.wait import wait_for
-from workers import _intake
-from workers._intake import IntakeMixin
 from workers._shard import ShardRunner
 from workers._state_store import Batch
 
@@ -37,7 +34,7 @@ async def _session_runner(fleet: InProcessFleet) -> ShardRunner:
     """Return shard 0's runner once its session has started."""
     await wait_for(lambda: _true(0 in fleet.worker.running_shards), timeout=30, what="shard 0 running")
     runner = fleet.worker._runners[0][0]
-    await wait_for(lambda: _true(runner.store is not None), timeout=30, what="session started")
+    await wait_for(lambda: _true(runner.ledger.store is not None), timeout=30, what="session started")
     return runner
 
 
@@ -61,7 +58,7 @@ async def test_intake_applies_nothing_while_another_save_holds_the_lock(
     ) as fleet:
         runner = await _session_runner(fleet)
         lock = _WatchedLock()
-        runner._save_lock = lock
+        runner.ledger.save_lock = lock
         async with lock:  # another save in flight
             lock.asked.clear()
             await fleet.publisher.publish(JobStarted(job="j", datasets=["ds"], timeout_s=600, started_at=0))
@@ -77,9 +74,9 @@ async def test_intake_applies_nothing_while_another_save_holds_the_lock(
             )
             await asyncio.wait_for(lock.asked.wait(), timeout=30)
             # Intake has read a batch and waits for the lock: nothing of it is applied yet.
-            assert "j" not in runner.state.jobs
-            assert not runner.state.attempts
-        await wait_for(lambda: _true(("j", "ds") in runner.state.attempts), what="attempt recorded")
+            assert "j" not in runner.ledger.state.jobs
+            assert not runner.ledger.state.attempts
+        await wait_for(lambda: _true(("j", "ds") in runner.ledger.state.attempts), what="attempt recorded")
 
         async def acknowledged() -> bool:
             return (await redis_client.xpending(fleet.keys.events(0), "workers"))["pending"] == 0
@@ -90,7 +87,7 @@ async def test_intake_applies_nothing_while_another_save_holds_the_lock(
 async def _open_job(fleet: InProcessFleet, runner: ShardRunner, job: str) -> None:
     # A job that waits for its tasks: open, nothing commits it meanwhile.
     await fleet.publisher.publish(JobStarted(job=job, datasets=["ds"], timeout_s=600, started_at=0))
-    await wait_for(lambda: _true(job in runner.state.jobs), timeout=30, what="job open")
+    await wait_for(lambda: _true(job in runner.ledger.state.jobs), timeout=30, what="job open")
 
 
 async def test_a_status_change_is_applied_only_once_the_save_lock_is_held(
@@ -102,15 +99,15 @@ async def test_a_status_change_is_applied_only_once_the_save_lock_is_held(
         runner = await _session_runner(fleet)
         await _open_job(fleet, runner, "j")
         lock = _WatchedLock()
-        runner._save_lock = lock
+        runner.ledger.save_lock = lock
         async with lock:  # another save in flight: it must not find the new status in the state
             lock.asked.clear()
-            change = asyncio.create_task(runner._set_status("j", "ds", "aborted", "test"))
+            change = asyncio.create_task(runner.ledger.set_status("j", "ds", "aborted", "test"))
             await asyncio.wait_for(lock.asked.wait(), timeout=30)
-            assert runner.state.jobs["j"].datasets["ds"].status == "open"
-            assert "j" not in runner.state.ended
+            assert runner.ledger.state.jobs["j"].datasets["ds"].status == "open"
+            assert "j" not in runner.ledger.state.ended
         await change
-        assert "j" in runner.state.ended
+        assert "j" in runner.ledger.state.ended
         ended = fleet.keys.shard_state(0, "ended")
         assert await redis_client.hexists(ended, "j")
         assert await redis_client.hexists(fleet.keys.job_result(0, "j"), "ds")
@@ -128,8 +125,8 @@ async def test_a_status_change_whose_save_fails_is_put_back_and_made_again(
     ) as fleet:
         runner = await _session_runner(fleet)
         await _open_job(fleet, runner, "j")
-        before = runner.state.jobs["j"]
-        store = runner.store
+        before = runner.ledger.state.jobs["j"]
+        store = runner.ledger.store
         assert store is not None
         real_save = store.save
 
@@ -138,13 +135,13 @@ async def test_a_status_change_whose_save_fails_is_put_back_and_made_again(
 
         monkeypatch.setattr(store, "save", failing_save)
         with pytest.raises(TransientError):
-            await runner._set_status("j", "ds", "aborted", "test")
+            await runner.ledger.set_status("j", "ds", "aborted", "test")
         # Nothing of the change is left in memory: the job is open as before.
-        assert runner.state.jobs["j"] is before
-        assert "j" not in runner.state.ended
+        assert runner.ledger.state.jobs["j"] is before
+        assert "j" not in runner.ledger.state.ended
         monkeypatch.setattr(store, "save", real_save)
-        await runner._set_status("j", "ds", "aborted", "test")  # the retry makes the change again
-        assert "j" not in runner.state.jobs and "j" in runner.state.ended
+        await runner.ledger.set_status("j", "ds", "aborted", "test")  # the retry makes the change again
+        assert "j" not in runner.ledger.state.jobs and "j" in runner.ledger.state.ended
         assert await redis_client.hexists(fleet.keys.shard_state(0, "ended"), "j")
         assert not await redis_client.hexists(fleet.keys.shard_state(0, "jobs"), "j")
         assert (await redis_client.xpending(fleet.keys.events(0), DEFAULT_GROUP))["pending"] == 0
@@ -155,7 +152,6 @@ async def test_a_run_of_saves_sent_ahead_gives_way_to_a_waiting_save(
     redis_client: redis.asyncio.Redis,
     fleet_name: str,
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Under a backlog intake holds the save lock for a run of batches (workers._save_pipe);
     an action that waits to save ends the run at its next batch instead of its 16th."""
@@ -170,28 +166,23 @@ async def test_a_run_of_saves_sent_ahead_gives_way_to_a_waiting_save(
     )
     judged = 0
     run_started = asyncio.Event()
-    real_judge, real_send = IntakeMixin._judge_prepared, _intake.send_save
 
-    async def counting_judge(self: IntakeMixin, *args: Any) -> Any:
+    async def probe(point: str) -> None:
         nonlocal judged
-        judged += 1
-        return await real_judge(self, *args)
-
-    async def watching_send(store: Any, prep: Any, read_next: int) -> Any:
-        if read_next == 2 * size:
+        if point == "intake.judge":  # a batch of a run of saves sent ahead is judged
+            judged += 1
+        elif point == "intake.run":
             run_started.set()  # a run's first save: the run goes on for up to 16 batches
-        return await real_send(store, prep, read_next)
 
-    monkeypatch.setattr(IntakeMixin, "_judge_prepared", counting_judge)
-    monkeypatch.setattr(_intake, "send_save", watching_send)
     async with inprocess_fleet(
         redis_client,
         fleet_settings(redis_url, tmp_path / "store", fleet_name, shards=1, worker={"read_batch": size}),
+        probe=probe,
     ) as fleet:
         await asyncio.wait_for(run_started.wait(), timeout=30)
         runner = fleet.worker._runners[0][0]
         before = judged
-        await runner._save_change("j", lambda: Batch(jobs={"j"}))
+        await runner.ledger.save_change("j", lambda: Batch(jobs={"j"}))
         assert judged - before <= 3
         lag = (await redis_client.xinfo_groups(fleet.keys.events(0)))[0]["lag"]
         assert lag and lag > 0  # the backlog was still there: the save did not wait for it

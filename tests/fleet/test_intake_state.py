@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import redis.asyncio
 
-from coordinator._status import fleet_status
+from coordinator.admin import fleet_status
 from shared.events import ShardSetAside
 from shared.queue import DEFAULT_GROUP
 from tests._support.fleet import InProcessFleet, fleet_settings, inprocess_fleet

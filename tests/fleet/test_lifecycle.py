@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 
 from coordinator._coordinator import LEADER_LOCK
-from coordinator._procs import FleetProcess
 from shared import TransientError
 from shared.events import WorkerLeft
 from shared.fleet import EXIT_CRASHED, HARD_EXIT_AFTER_S
@@ -24,6 +23,7 @@ from shared.locks import read_lock
 from tests._support.fleet_checks import admin_events, committed
 from tests._support.fleet_jobs import good_job
 from tests._support.process_fleet import Fleet
+from tests._support.processes import FleetProcess
 from tests._support.redis_server import RedisHandle, RedisServer
 from tests._support.wait import wait_for
 

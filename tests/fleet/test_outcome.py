@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 import redis.asyncio
 
-from coordinator._procs import write_config
 from shared.events import (
     Aborted,
     DatasetExpectation,
@@ -35,6 +34,7 @@ from shared.spark._outcome import wait_for_outcome
 from tests._support.fleet import fleet_settings, inprocess_fleet, producer_config
 from tests._support.fleet_checks import admin_events
 from tests._support.fleet_jobs import corrupted_job, good_job, stage_task
+from tests._support.processes import write_config
 from tests._support.routing import datasets_on
 from tests._support.wait import wait_for
 
@@ -141,7 +141,7 @@ async def test_a_driver_finishing_a_job_the_fleet_already_ended_fails_loudly(
         ctx = JobContext(None, "late", (first, second, other_shard), cfg)  # type: ignore[arg-type]
         ctx._expectations = {d: DatasetExpectation(tasks=1, winners=[0]) for d in ctx.datasets}
         with pytest.raises(JobNotCommitted) as info:
-            ctx._publish_finished()
+            ctx._end.publish_finished(ctx.expectations)
         text = str(info.value)
         assert f"{first}: aborted (timed out: no sign of life" in text
         assert f"{other_shard}: aborted (the fleet ended part of the job first)" in text

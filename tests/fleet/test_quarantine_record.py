@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from coordinator._status import fleet_status
+from coordinator.admin import fleet_status
 from shared.queue import as_text, shard_of
 from tests._support.cli import cli
 from tests._support.fleet_jobs import corrupted_job

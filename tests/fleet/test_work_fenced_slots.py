@@ -14,12 +14,11 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import pytest
 import redis.asyncio
 
 from shared.fleet import FleetRegistry
 from shared.queue import Keys
-from tests._support.checkpoints import HoldAt, install_checkpoint
+from tests._support.checkpoints import HoldAt
 from tests._support.fleet import fleet_settings, inprocess_fleet
 from tests._support.fleet_checks import committed
 from tests._support.fleet_jobs import good_job
@@ -33,15 +32,13 @@ async def test_fenced_work_does_not_leak_inflight_slots(
     redis_client: redis.asyncio.Redis,
     fleet_name: str,
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     settings = fleet_settings(
         redis_url, tmp_path / "store", fleet_name, shards=1, worker={"max_inflight_datasets": SLOTS}
     )
     gate = HoldAt("commit.locked")
-    install_checkpoint(monkeypatch, gate)
     reg = FleetRegistry(redis_client, Keys(fleet_name))
-    async with inprocess_fleet(redis_client, settings) as fleet:
+    async with inprocess_fleet(redis_client, settings, probe=gate) as fleet:
         store = fleet.store
         worker = fleet.worker
         try:
@@ -55,7 +52,7 @@ async def test_fenced_work_does_not_leak_inflight_slots(
             await wait_for(slots_held, timeout=30, what="both slots held by paused commits")
             runner, _t = worker._runners[0]
             ctx = runner.ctx
-            assert len(runner._queue) == len(names) - SLOTS
+            assert len(runner.scheduler.queue) == len(names) - SLOTS
             # Another owner took the shard (as after a freeze past the lease): steal the token.
             good_token = await reg.owner_token(0)
             await redis_client.set(Keys(fleet_name).shard_state(0, "owner"), b"other@999")
@@ -73,7 +70,7 @@ async def test_fenced_work_does_not_leak_inflight_slots(
 
             async def idle() -> bool:
                 r = worker._runners.get(0)
-                return r is not None and not r[0]._running and len(r[0]._queue) == 0
+                return r is not None and not r[0].scheduler.running and len(r[0].scheduler.queue) == 0
 
             await wait_for(idle, timeout=30, what="runner idle")
             assert ctx.inflight._value == SLOTS, f"leaked {SLOTS - ctx.inflight._value} in-flight slot(s)"
@@ -86,7 +83,6 @@ async def test_the_worker_still_commits_after_as_many_fences_as_slots(
     redis_client: redis.asyncio.Redis,
     fleet_name: str,
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Each fence of a work task with work queued used to leak one slot; after SLOTS of them the
     worker kept its shard (heartbeat fine) but never started any work again: a later job never committed."""
@@ -94,10 +90,9 @@ async def test_the_worker_still_commits_after_as_many_fences_as_slots(
         redis_url, tmp_path / "store", fleet_name, shards=1, worker={"max_inflight_datasets": SLOTS}
     )
     gate = HoldAt("commit.locked")
-    install_checkpoint(monkeypatch, gate)
     reg = FleetRegistry(redis_client, Keys(fleet_name))
     owner_key = Keys(fleet_name).shard_state(0, "owner")
-    async with inprocess_fleet(redis_client, settings) as fleet:
+    async with inprocess_fleet(redis_client, settings, probe=gate) as fleet:
         store = fleet.store
         worker = fleet.worker
         try:
@@ -109,7 +104,7 @@ async def test_the_worker_still_commits_after_as_many_fences_as_slots(
 
                 async def some_held() -> bool:
                     r = worker._runners.get(0)
-                    return r is not None and gate.waiting >= 1 and len(r[0]._queue) > 0
+                    return r is not None and gate.waiting >= 1 and len(r[0].scheduler.queue) > 0
 
                 await wait_for(some_held, timeout=30, what=f"round {rnd}: commits paused, work queued")
                 runner, task = worker._runners[0]

@@ -18,7 +18,7 @@ import pytest
 import redis.asyncio
 
 from shared.queue import Keys
-from tests._support.checkpoints import HoldAt, install_checkpoint
+from tests._support.checkpoints import HoldAt
 from tests._support.fleet import fleet_settings, inprocess_fleet
 from tests._support.fleet_jobs import good_job
 from tests._support.wait import wait_for
@@ -33,7 +33,6 @@ async def test_a_stop_while_intake_is_paused_ends_within_the_drain_grace(
     redis_client: redis.asyncio.Redis,
     fleet_name: str,
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     settings = fleet_settings(
         redis_url,
@@ -43,8 +42,7 @@ async def test_a_stop_while_intake_is_paused_ends_within_the_drain_grace(
         worker={"max_inflight_datasets": 1, "max_queued_work": max_queued, "drain_grace": GRACE},
     )
     hold = HoldAt("commit.locked")  # a slow commit: holds the only slot until the test says so
-    install_checkpoint(monkeypatch, hold)
-    async with inprocess_fleet(redis_client, settings) as fleet:
+    async with inprocess_fleet(redis_client, settings, probe=hold) as fleet:
         store = fleet.store
         worker = fleet.worker
         worker_task = fleet.worker_tasks[0]
@@ -56,7 +54,7 @@ async def test_a_stop_while_intake_is_paused_ends_within_the_drain_grace(
             runner, _ = worker._runners[0]
 
             async def paused() -> bool:
-                return len(runner._queue) >= min(max_queued, len(names) - 1)
+                return len(runner.scheduler.queue) >= min(max_queued, len(names) - 1)
 
             await wait_for(paused, timeout=30, what="queue full, intake paused")
             t0 = time.monotonic()

@@ -5,7 +5,7 @@ for an in-flight slot for each of them before it read the next entry, so a
 good job published a second later on the same shard was not even read before
 N - slots aborts had started (seen from outside: 10,000 aborts delayed such a
 commit by 68 s). Now the work is queued, intake reads on, and jobs take turns
-for the slots (``workers._work_queue``).
+for the slots (``workers._core._work_queue``).
 """
 
 from __future__ import annotations
@@ -14,11 +14,10 @@ import asyncio
 from collections import Counter
 from pathlib import Path
 
-import pytest
 import redis.asyncio
 
 from shared.events import Aborted, Committed
-from tests._support.checkpoints import PermitsAt, install_checkpoint, pause_first_at
+from tests._support.checkpoints import PermitsAt, pause_first_at
 from tests._support.fleet import fleet_settings, inprocess_fleet
 from tests._support.fleet_checks import admin_events, clean_audit, committed
 from tests._support.fleet_jobs import failed_job, good_job
@@ -33,7 +32,6 @@ async def test_a_good_job_commits_between_the_aborts_of_a_big_failed_job(
     redis_client: redis.asyncio.Redis,
     fleet_name: str,
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Every abort waits at ``abort.done`` for a permit the test hands out; the good job's commit
     does not. With ``SLOTS`` slots held by aborts, the good job is read and queued at once, and
@@ -44,9 +42,8 @@ async def test_a_good_job_commits_between_the_aborts_of_a_big_failed_job(
         redis_url, tmp_path / "store", fleet_name, shards=1, worker={"max_inflight_datasets": SLOTS}
     )
     gate = PermitsAt("abort.done")
-    install_checkpoint(monkeypatch, gate)
     big = [f"big-{i}" for i in range(BIG)]
-    async with inprocess_fleet(redis_client, settings) as fleet:
+    async with inprocess_fleet(redis_client, settings, probe=gate) as fleet:
         store = fleet.store
         try:
             pub = fleet.publisher
@@ -93,7 +90,6 @@ async def test_a_stopping_worker_runs_its_queued_work_within_the_drain_grace(
     redis_client: redis.asyncio.Redis,
     fleet_name: str,
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """One slot, held by a commit paused at ``commit.locked``, and three commits queued behind it:
     the worker is told to stop, then the pause ends. The queued commits are started during the
@@ -102,9 +98,9 @@ async def test_a_stopping_worker_runs_its_queued_work_within_the_drain_grace(
     settings = fleet_settings(
         redis_url, tmp_path / "store", fleet_name, shards=1, worker={"max_inflight_datasets": 1}
     )
-    paused, go = pause_first_at(monkeypatch, "commit.locked")
+    paused, go, probe = pause_first_at("commit.locked")
     names = [f"ds-{i}" for i in range(4)]
-    async with inprocess_fleet(redis_client, settings) as fleet:
+    async with inprocess_fleet(redis_client, settings, probe=probe) as fleet:
         store = fleet.store
         worker = fleet.worker
         worker_task = fleet.worker_tasks[0]
@@ -115,14 +111,18 @@ async def test_a_stopping_worker_runs_its_queued_work_within_the_drain_grace(
             runner = next(r for r, _task in worker._runners.values())
 
             async def three_queued() -> bool:
-                return len(runner._queue) == 3
+                return len(runner.scheduler.queue) == 3
 
             await wait_for(three_queued, timeout=30, what="three commits queued behind the paused one")
             worker.shutdown()
             go.set()
             await asyncio.wait_for(worker_task, 60)
             assert await committed(store, names, "job-d")
-            assert len(runner._queue) == 0 and runner._queue.datasets == 0 and not runner._running
+            assert (
+                len(runner.scheduler.queue) == 0
+                and runner.scheduler.queue.datasets == 0
+                and not runner.scheduler.running
+            )
             events = await admin_events(redis_client, fleet_name)
             assert sorted(e.dataset for e in events if isinstance(e, Committed)) == names
         finally:

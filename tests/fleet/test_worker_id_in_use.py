@@ -118,7 +118,7 @@ async def test_a_dataset_left_waiting_with_every_task_in_is_committed_at_the_nex
     from shared.events import DatasetExpectation, JobFinished
     from shared.queue import shard_of
     from tests._support.fleet_jobs import good_job
-    from workers._jobstate import JobMeta
+    from workers._core import JobMeta
 
     fleet.start("coordinator", "c1")
     fleet.start("worker", "w1")

@@ -19,8 +19,8 @@ import pytest
 import redis.asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
-from coordinator._http import AdminServer
-from coordinator._metrics import OTHER
+from coordinator.admin import AdminServer
+from coordinator.admin._metrics import OTHER
 from shared import ConfigError, Settings, load_settings
 from shared.events import Committed, MessageRejected
 from shared.queue import AdminPublisher, Keys, connect, ensure_fleet
@@ -332,7 +332,7 @@ async def test_a_request_ends_at_its_timeout(
 async def test_commit_history_reads_the_last_hour_back_in_pages(
     start_admin: Start, redis_client: redis.asyncio.Redis, fleet_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("coordinator._http.BACKFILL_PAGE", 2)
+    monkeypatch.setattr("coordinator.admin._http.BACKFILL_PAGE", 2)
     admin = AdminPublisher(redis_client, Keys(fleet_name))
     for i in range(5):
         await admin.publish(

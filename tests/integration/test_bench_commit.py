@@ -8,8 +8,7 @@ import msgspec
 import pytest
 from rich.console import Console
 
-from coordinator._bench_commit import Workload, open_raw, stage, verify
-from coordinator._bench_fleet import run_commit_bench
+from coordinator.bench import Workload, open_raw, run_commit_bench, stage, verify
 from shared import Settings, load_settings
 from shared.storage import open_store
 

@@ -6,9 +6,9 @@ import asyncio
 import contextlib
 
 from shared import LockLost, OutcomeUnknown, TransientError
-from shared._settings import LockSettings
 from shared.commit import commit_dataset, read_manifest
 from shared.locks import StorageLock
+from shared.settings import LockSettings
 from shared.storage import ObjectStore
 from tests._support.commit import assert_exactly_once, fast_settings, stage_job
 from tests._support.fault_store import FaultStore

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from shared import Settings
-from shared._settings import LockSettings
 from shared.commit import (
     AdvanceWatermarks,
     CommitRequest,
@@ -25,6 +24,7 @@ from shared.commit import (
 )
 from shared.events import lock_name, staged_key
 from shared.locks import StorageLock
+from shared.settings import LockSettings
 from shared.storage._counting import CountingStore
 from shared.storage._local import LocalStore
 from tests._support.commit import ManualLease, fast_settings, keys

@@ -16,9 +16,8 @@ from pathlib import Path
 import pytest
 
 from shared import LockLost, RetryPolicy
-from shared._settings import LockSettings
-from shared.locks import StorageLock, read_lock
-from shared.locks._lock import Clock
+from shared.locks import Clock, StorageLock, read_lock
+from shared.settings import LockSettings
 from shared.storage._local import LocalStore
 from tests._support.fault_store import Fault, FaultStore
 from tests._support.locks import FAST, NAME, is_renewal

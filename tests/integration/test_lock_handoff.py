@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from shared._settings import LockSettings
 from shared.locks import StorageLock
+from shared.settings import LockSettings
 from shared.storage._counting import CountingStore
 from shared.storage._latency import LatencyModel, LatencyStore
 from shared.storage._local import LocalStore

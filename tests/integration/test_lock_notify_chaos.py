@@ -18,9 +18,9 @@ import redis.asyncio
 
 from shared._aio import cancel_until_done
 from shared._retry import RetryPolicy
-from shared._settings import RedisSettings
 from shared.locks import SharedReleaseNotifier
 from shared.queue import connect
+from shared.settings import RedisSettings
 from tests._support.redis_server import RedisServer
 from tests._support.wait import wait_for
 

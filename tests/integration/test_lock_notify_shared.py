@@ -17,8 +17,8 @@ import redis.asyncio
 
 from shared import RetryPolicy
 from shared._aio import cancel_until_done
-from shared._settings import LockSettings
 from shared.locks import SharedReleaseNotifier, StorageLock
+from shared.settings import LockSettings
 from shared.storage import ObjectStore
 from shared.storage._latency import LatencyModel, LatencyStore
 from shared.storage._local import LocalStore

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from shared._settings import LockSettings
 from shared.locks import StorageLock, read_lock
+from shared.settings import LockSettings
 from shared.storage._local import LocalStore
 from tests._support.wait import wait_for, wait_for_sync
 

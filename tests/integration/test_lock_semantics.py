@@ -26,9 +26,9 @@ from shared import (
     Throttled,
     TransientError,
 )
-from shared._settings import LockSettings
 from shared.locks import HeldLease, Lease, LockRecord, StorageLock, read_lock
 from shared.locks._state import encode_record
+from shared.settings import LockSettings
 from shared.storage import ObjectStore
 from shared.storage._local import LocalStore
 from tests._support.fault_store import Fault, FaultStore

@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio
 
+from coordinator.bench import raw_consume_rate
 from shared import ConfigError, RetryPolicy
-from shared._settings import RedisSettings
 from shared.events import (
     DatasetExpectation,
     InvalidMessage,
@@ -31,13 +31,13 @@ from shared.queue import (
     connect,
     count_dead_letters,
     ensure_fleet,
-    raw_consume_rate,
     read_dead_letters,
     read_fleet_meta,
     shard_of,
     split_by_shard,
 )
 from shared.queue._entry import entries_from_reply
+from shared.settings import RedisSettings
 from tests._support.routing import datasets_on
 
 SHARDS = 4

@@ -9,9 +9,9 @@ import pytest
 import redis.asyncio
 
 from shared import RetryPolicy
-from shared._settings import RedisSettings
 from shared.events import AdminEvent, Committed, WorkerJoined
 from shared.queue import AdminPublisher, Keys, connect, follow_admin, read_admin_range
+from shared.settings import RedisSettings
 from tests._support.wait import wait_for
 
 

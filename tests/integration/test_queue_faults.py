@@ -10,9 +10,9 @@ import pytest
 import redis.exceptions
 
 from shared import ConfigError, RetryPolicy, TransientError, retry
-from shared._settings import RedisSettings
 from shared.events import StagedFile, TaskFinished, ValidationLimits, decode_entry
 from shared.queue import AsyncPublisher, Keys, ShardConsumer, connect, ensure_fleet, redis_errors, shard_of
+from shared.settings import RedisSettings
 from tests._support.redis_server import RedisServer
 from tests._support.wait import wait_for
 

@@ -15,13 +15,13 @@ import time
 import pytest
 import redis.asyncio
 
-from coordinator._wait import EXIT_FORGOTTEN, exit_code, outcome_rows
+from coordinator.cli._wait import EXIT_FORGOTTEN, exit_code, outcome_rows
 from shared.queue import DatasetResult, Keys, ensure_fleet, read_outcome
 from shared.queue._job_outcome import ResultStatus
 from shared.spark import OutcomeForgotten, ProducerConfig
 from shared.spark._outcome import wait_for_outcome
 from tests._support.routing import datasets_on
-from workers._jobstate import Ended, ShardJobs
+from workers._core import Ended, ShardJobs
 from workers._state_store import RESULTS_INDEX, Batch, ShardStateStore
 
 SHARDS = 4

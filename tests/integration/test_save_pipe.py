@@ -10,7 +10,7 @@ import redis.asyncio
 from shared import Fenced
 from shared.queue import DEFAULT_GROUP, Keys, ShardConsumer
 from tests._support.shard_state import SHARD, owned_backlog
-from workers._jobstate import ShardJobs, attempt_field
+from workers._core import ShardJobs, attempt_field
 from workers._save_pipe import send_save
 from workers._state_store import Batch
 

@@ -150,7 +150,7 @@ def test_session_conf_never_fetches_jars_and_stays_local(tmp_path: Path) -> None
 def test_executor_runtime_runs_coroutines_caches_stores_and_cancels_on_timeout(tmp_path: Path) -> None:
     import asyncio
 
-    from shared._settings import StoreSettings
+    from shared.settings import StoreSettings
     from shared.spark._executor_runtime import ExecutorRuntime, process_runtime
 
     rt = ExecutorRuntime()

@@ -9,7 +9,7 @@ import redis.asyncio
 from shared import Fenced
 from shared.queue import DEFAULT_GROUP, Keys, ShardConsumer
 from tests._support.shard_state import SHARD, owned_backlog, pending_entries, state_and_batch
-from workers._jobstate import ShardJobs, attempt_field
+from workers._core import ShardJobs, attempt_field
 from workers._state_store import Batch, ShardStateStore
 
 

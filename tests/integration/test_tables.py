@@ -17,10 +17,9 @@ from hypothesis import settings as hyp_settings
 from hypothesis import strategies as st
 
 from shared import Fenced
-from shared._settings import StoreSettings
-from shared.commit import _catalog as catalog_step
-from shared.commit import abort_dataset, audit, commit_dataset, list_unfinished, recover_dataset
+from shared.commit import CommitProbe, abort_dataset, audit, commit_dataset, list_unfinished, recover_dataset
 from shared.events import TableBinding, published_key, staged_key
+from shared.settings import StoreSettings
 from shared.storage import ObjectStore
 from tests._support.commit import ManualLease, assert_exactly_once
 from tests._support.emulators import MakeTarget, StoreTarget
@@ -35,22 +34,19 @@ def target(request: pytest.FixtureRequest, make_target: MakeTarget) -> StoreTarg
     return make_target(request.param)
 
 
-def _catalog_crash(monkeypatch: pytest.MonkeyPatch, when: str) -> list[int]:
-    """Make the next catalog commit crash ``before`` or ``after`` it is made; returns a call log."""
-    real = catalog_step.commit_files
+def _catalog_crash(when: str) -> tuple[CommitProbe, list[int]]:
+    """A probe that crashes the first catalog commit ``before`` or ``after`` it is made, and its call log."""
     calls: list[int] = []
 
-    def crashing(*args: Any, **kwargs: Any) -> bool:
-        calls.append(1)
-        if len(calls) == 1:
-            if when == "before":
+    def probe(point: str) -> None:
+        if point == "table.commit":
+            calls.append(1)
+            if len(calls) == 1 and when == "before":
                 raise SimulatedCrash("crash before the catalog commit")
-            real(*args, **kwargs)
+        elif point == "table.committed" and len(calls) == 1 and when == "after":
             raise SimulatedCrash("crash after the catalog commit")
-        return real(*args, **kwargs)
 
-    monkeypatch.setattr(catalog_step, "commit_files", crashing)
-    return calls
+    return probe, calls
 
 
 async def _next_owner(store: ObjectStore, req: Any, dataset: str, settings: Any, step: Any) -> Any:
@@ -99,7 +95,7 @@ async def _storage_ops_of_a_bound_commit(store: ObjectStore, settings: Any) -> i
 
 @pytest.mark.parametrize("when", ["before", "after"])
 async def test_crash_at_every_storage_and_catalog_operation_then_another_owner_recovers(
-    target: StoreTarget, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, when: str
+    target: StoreTarget, tmp_path: Path, when: str
 ) -> None:
     settings = table_settings(target, tmp_path)
     async with target.open() as store:
@@ -117,12 +113,13 @@ async def test_crash_at_every_storage_and_catalog_operation_then_another_owner_r
             binding = TableBinding(table="lake.shared" if k % 2 else f"lake.t{k}", mode="create")
             step = job.step(binding)
             if point == "catalog":
-                calls = _catalog_crash(monkeypatch, when)
+                probe, calls = _catalog_crash(when)
                 await expect_crash(
-                    commit_dataset(store, job.req, ManualLease(dataset, 1), settings, extra_steps=[step])
+                    commit_dataset(
+                        store, job.req, ManualLease(dataset, 1), settings, extra_steps=[step], probe=probe
+                    )
                 )
                 assert calls == [1]
-                monkeypatch.undo()
             else:
                 crashing = FaultStore(store, crash_at=point, crash_when=when)
                 await expect_crash(
@@ -185,25 +182,29 @@ async def test_create_a_job_cancelled_mid_commit_leaves_no_table_unless_its_log_
 
 
 async def test_a_cancelled_catalog_call_ends_before_the_step_returns_and_recovery_rechecks(
-    tmp_path: Path, make_target: MakeTarget, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, make_target: MakeTarget
 ) -> None:
     target = make_target("local")
     settings = table_settings(target, tmp_path)
     binding = TableBinding(table=TABLE, mode="create")
-    real = catalog_step.commit_files
     entered, release = threading.Event(), threading.Event()
 
-    def slow(*args: Any, **kwargs: Any) -> bool:
-        entered.set()
-        assert release.wait(20)
-        return real(*args, **kwargs)
+    def slow(point: str) -> None:
+        # In the catalog's thread, just before the catalog commit: hold it there.
+        if point == "table.commit":
+            entered.set()
+            assert release.wait(20)
 
-    monkeypatch.setattr(catalog_step, "commit_files", slow)
     async with target.open() as store:
         job = await stage_parquet_job(store, "orders", "job-1")
         task = asyncio.create_task(
             commit_dataset(
-                store, job.req, ManualLease("orders", 1), settings, extra_steps=[job.step(binding)]
+                store,
+                job.req,
+                ManualLease("orders", 1),
+                settings,
+                extra_steps=[job.step(binding)],
+                probe=slow,
             )
         )
         await asyncio.to_thread(entered.wait, 10)
@@ -213,7 +214,6 @@ async def test_a_cancelled_catalog_call_ends_before_the_step_returns_and_recover
             await task
         # The call in flight ended before the cancel went through: its snapshot is there.
         assert job_snapshots(settings, store.url, TABLE) == [("orders", "job-1")]
-        monkeypatch.undo()
         got = await recover_dataset(store, "orders", ManualLease("orders", 2), settings)
         assert [r.ok for r in got.results] == [True]
         assert job_snapshots(settings, store.url, TABLE) == [("orders", "job-1")]
@@ -222,7 +222,7 @@ async def test_a_cancelled_catalog_call_ends_before_the_step_returns_and_recover
 
 @pytest.mark.parametrize("crash", [None, "after"])
 async def test_overwrite_keeps_only_the_last_jobs_rows_and_a_crash_before_the_manifest_recovers(
-    target: StoreTarget, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, crash: str | None
+    target: StoreTarget, tmp_path: Path, crash: str | None
 ) -> None:
     settings = table_settings(target, tmp_path)
     async with target.open() as store:
@@ -234,11 +234,12 @@ async def test_overwrite_keeps_only_the_last_jobs_rows_and_a_crash_before_the_ma
         last = await stage_parquet_job(store, "orders", "job-2", tasks=3, n=2)
         step = last.step(TableBinding(table=TABLE, mode="overwrite"))
         if crash is not None:
-            _catalog_crash(monkeypatch, crash)
+            probe, _ = _catalog_crash(crash)
             await expect_crash(
-                commit_dataset(store, last.req, ManualLease("orders", 2), settings, extra_steps=[step])
+                commit_dataset(
+                    store, last.req, ManualLease("orders", 2), settings, extra_steps=[step], probe=probe
+                )
             )
-            monkeypatch.undo()
             # The overwrite landed, the manifest did not: the table already shows job-2 only.
             assert table_rows(settings, store.url, TABLE) == sorted_rows(last.rows)
         res = await commit_dataset(store, last.req, ManualLease("orders", 3), settings, extra_steps=[step])
@@ -381,7 +382,7 @@ async def _two_holders(
 
 
 async def test_the_audit_checks_each_manifest_has_one_snapshot_and_each_snapshot_a_manifest(
-    tmp_path: Path, make_target: MakeTarget, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, make_target: MakeTarget
 ) -> None:
     target = make_target("local")
     settings = table_settings(target, tmp_path)
@@ -401,10 +402,12 @@ async def test_the_audit_checks_each_manifest_has_one_snapshot_and_each_snapshot
         ]
         # A snapshot whose sequence is open is in flight, not a violation; once the log is gone it is.
         third = await stage_parquet_job(store, "orders", "job-3")
-        _catalog_crash(monkeypatch, "after")
+        probe, _ = _catalog_crash("after")
         step3 = third.step(TableBinding(table=TABLE, mode="append"))
         await expect_crash(
-            commit_dataset(store, third.req, ManualLease("orders", 3), settings, extra_steps=[step3])
+            commit_dataset(
+                store, third.req, ManualLease("orders", 3), settings, extra_steps=[step3], probe=probe
+            )
         )
         report = await audit(store, settings=settings)  # the open log's table step names the table
         assert {v.kind for v in report.violations} == {"unfinished_sequence", "missing_snapshot"}

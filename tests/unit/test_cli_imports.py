@@ -39,8 +39,8 @@ HEAVY = {
 # Our own modules that pull in the above, or the commit core and the storage adapters.
 OURS = {
     "coordinator._coordinator",
-    "coordinator._http",
-    "coordinator._metrics",
+    "coordinator.admin._http",
+    "coordinator.admin._metrics",
     "shared.commit",
     "shared.storage",
     "shared.locks",
@@ -71,14 +71,14 @@ def _loaded(code: str, *args: str) -> tuple[set[str], str]:
 
 
 def _cli(*argv: str) -> tuple[set[str], str]:
-    code = "sys.argv = ['commitfleet', *sys.argv[1:]]\nfrom coordinator._cli import main\nmain()\n"
+    code = "sys.argv = ['commitfleet', *sys.argv[1:]]\nfrom coordinator.cli import main\nmain()\n"
     return _loaded(code, *argv)
 
 
 def test_help_and_operator_commands_load_no_sdk_server_or_commit_core() -> None:
     # One interpreter for all of them (what one loads stays loaded for the next: a stricter check).
     code = (
-        "from coordinator._cli import app\n"
+        "from coordinator.cli import app\n"
         "for argv in (['--help'], *([cmd, '--help'] for cmd in ('status', 'retry', 'skip', 'wait'))):\n"
         "    print('ARGV', argv, flush=True)\n"
         "    try:\n"
@@ -86,7 +86,8 @@ def test_help_and_operator_commands_load_no_sdk_server_or_commit_core() -> None:
         "    except SystemExit:\n"
         "        pass\n"
         # The modules the operator commands run in (imported when the command runs).
-        "import coordinator._status, coordinator._status_text, coordinator._cli_ops, coordinator._wait\n"
+        "import coordinator.admin._status, coordinator.cli._status_text\n"
+        "import coordinator.cli._ops_run, coordinator.cli._wait\n"
     )
     heavy, out = _loaded(code)
     assert out.count("Usage") == 5, out

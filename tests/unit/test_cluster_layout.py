@@ -6,8 +6,8 @@ import pytest
 from redis.crc import key_slot
 
 from shared import ConfigError, load_settings
-from shared._redis_url import parse_cluster_url
 from shared.queue import Keys
+from shared.settings import parse_cluster_url
 
 
 def test_every_fleet_wide_key_shares_the_admin_stream_slot() -> None:

@@ -13,7 +13,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shared import BadInput
-from shared._settings import SecuritySettings
 from shared.events import (
     REJECT_REASONS,
     DatasetExpectation,
@@ -32,6 +31,7 @@ from shared.events import (
     entry_fields,
     sign,
 )
+from shared.settings import SecuritySettings
 from tests._support.event_examples import EXAMPLES, raw, task_finished
 
 LIMITS = ValidationLimits()

@@ -8,8 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shared.events import DatasetExpectation, JobFailed, JobFinished, JobStarted, StagedFile, TaskFinished
-from workers._decide import decide
-from workers._jobstate import Commit, ShardJobs
+from workers._core import Commit, ShardJobs, decide
 
 
 def _tf(task: int, attempt: int = 0) -> TaskFinished:

@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shared.events import DatasetExpectation, StagedFile
-from workers._intake import _put_back, _records_of
-from workers._jobstate import Attempt, Ended, ShardJobs
+from workers._core import Attempt, Ended, ShardJobs
+from workers._ledger import _put_back, _records_of
 from workers._state_store import attempt_fields
 
 JOBS = ["j0", "j1", "j2"]

@@ -12,8 +12,7 @@ from shared.events import (
     StagedFile,
     TaskFinished,
 )
-from workers._decide import decide
-from workers._jobstate import Abort, CleanupAttempt, Commit, Decision, ShardJobs
+from workers._core import Abort, CleanupAttempt, Commit, Decision, ShardJobs, decide
 
 
 def _tf(task: int, attempt: int = 0, job: str = "j1", dataset: str = "d1") -> TaskFinished:

@@ -1,4 +1,4 @@
-"""When a shard's owner aborts a job for time (workers._liveness, pure)."""
+"""When a shard's owner aborts a job for time (workers._core._liveness, pure)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,7 @@ from hypothesis import strategies as st
 
 from shared.events import JobStarted
 from shared.queue import DatasetResult, encode_result, heartbeat_interval, heartbeat_ttl
-from workers._decide import decide
-from workers._jobstate import Abort, ShardJobs
-from workers._liveness import TimedOut, assume_alive, live_jobs, observe, timed_out
+from workers._core import Abort, ShardJobs, TimedOut, assume_alive, decide, live_jobs, observe, timed_out
 
 
 def _open(s: ShardJobs, job: str, datasets: tuple[str, ...], *, now: float, timeout: float) -> None:

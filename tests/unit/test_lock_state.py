@@ -10,7 +10,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shared._errors import BadInput
-from shared._settings import LockSettings
 from shared.locks._state import (
     RECORD_VERSION,
     Create,
@@ -34,6 +33,7 @@ from shared.locks._state import (
     renewed_record,
     resolve_holder_write,
 )
+from shared.settings import LockSettings
 
 S = LockSettings(validity=30.0, renew_interval=10.0, max_drift=0.5, poll_min=0.05, poll_max=2.0)
 T0 = 1_700_000_000.0

@@ -11,8 +11,8 @@ from typing import Any
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from coordinator._metrics import FleetMetrics
-from coordinator._ui import ASSETS
+from coordinator.admin._metrics import FleetMetrics
+from coordinator.admin._ui import ASSETS
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
@@ -90,7 +90,7 @@ def test_compose_never_exposes_the_api_without_a_token() -> None:
 def test_console_assets_ship_in_the_package() -> None:
     pyproject = (ROOT / "pyproject.toml").read_text()
     assert '"ui_static/*"' in pyproject
-    static = resources.files("coordinator") / "ui_static"
+    static = resources.files("coordinator.admin") / "ui_static"
     for name in (*ASSETS, "index.html", "login.html"):
         assert (static / name).is_file(), name
     # No CDN: every script, style and icon the pages name is served by the console itself.

@@ -16,15 +16,15 @@ HEAVY = {"pyspark", "py4j", "pyarrow", "boto3", "botocore", "aiobotocore", "azur
 COMMANDS = {
     "worker": ["workers"],
     "coordinator": ["coordinator._coordinator"],
-    "events": ["coordinator._cli_ops"],
-    "status": ["coordinator._status", "coordinator._status_text"],
-    "retry": ["coordinator._cli_ops"],
-    "skip": ["coordinator._cli_ops"],
-    "wait": ["coordinator._wait"],
-    "audit": ["coordinator._cli_ops"],
+    "events": ["coordinator.cli._ops_run"],
+    "status": ["coordinator.admin._status", "coordinator.cli._status_text"],
+    "retry": ["coordinator.cli._ops_run"],
+    "skip": ["coordinator.cli._ops_run"],
+    "wait": ["coordinator.cli._wait"],
+    "audit": ["coordinator.cli._ops_run"],
     "schema": ["shared.events"],
-    "demo": ["coordinator._demo", "coordinator._procs"],
-    "bench": ["coordinator._bench", "coordinator._bench_commit", "coordinator._bench_fleet"],
+    "demo": ["coordinator.demo._demo", "coordinator.demo._launcher"],
+    "bench": ["coordinator.bench._intake", "coordinator.bench._commit", "coordinator.bench._fleet"],
     "pack": ["shared.spark._pack"],
 }
 
@@ -49,7 +49,7 @@ def test_pyspark_and_pyarrow_are_the_spark_extra_only() -> None:
 def test_no_command_imports_spark_arrow_or_a_cloud_sdk_before_it_runs() -> None:
     code = f"""
 import importlib, json, sys
-from coordinator._cli import app
+from coordinator.cli import app
 def heavy():
     return sorted({{m for m in sys.modules if m.split(".")[0] in {sorted(HEAVY)!r}}})
 report = {{"--help": None}}

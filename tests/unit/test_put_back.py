@@ -1,6 +1,6 @@
 """A status change whose save fails is put back: the job's records as they were, other jobs untouched.
 
-Through the real ``_set_status`` / ``_save_change`` of a shard runner, with a state store whose save fails
+Through the real ``set_status`` / ``save_change`` of a shard's ledger, with a state store whose save fails
 or succeeds: a change that ends the job drops the job's attempts only once its save is durable, so a failed
 save has nothing of them to rebuild (and a status change copies none of them).
 """
@@ -14,10 +14,8 @@ import pytest
 
 from shared import TransientError
 from shared.events import JobStarted, StagedFile, TaskFinished
-from workers._actions import ActionsMixin
-from workers._decide import decide
-from workers._intake import IntakeMixin, _put_back, _records_of
-from workers._jobstate import ShardJobs
+from workers._core import ShardJobs, decide
+from workers._ledger import ShardLedger, _put_back, _records_of
 from workers._state_store import Batch
 
 
@@ -59,12 +57,12 @@ class _Store:
         self.saved.append(batch)
 
 
-class _Runner(IntakeMixin, ActionsMixin):
-    def __init__(self, state: ShardJobs, store: _Store) -> None:
-        self.state = state
-        self.store: Any = store
-        self._save_lock = asyncio.Lock()
-        self._save_wanted = 0
+def _Runner(state: ShardJobs, store: _Store) -> Any:
+    """Return a shard's ledger holding ``state`` and saving through ``store``."""
+    ledger = ShardLedger()
+    ledger.load(state)
+    ledger.begin(store)  # type: ignore[arg-type]
+    return ledger
 
 
 def _snapshot(state: ShardJobs) -> tuple[Any, ...]:
@@ -78,11 +76,11 @@ def _snapshot(state: ShardJobs) -> tuple[Any, ...]:
 async def test_a_job_end_whose_save_fails_leaves_the_state_as_it_was() -> None:
     state = _state()
     runner = _Runner(state, _Store(fail=False))
-    await runner._set_status("j", "a", "committed")
+    await runner.set_status("j", "a", "committed")
     before = _snapshot(state)
     runner.store.fail = True
     with pytest.raises(TransientError):
-        await runner._set_status("j", "b", "committed")  # the change that ends the job
+        await runner.set_status("j", "b", "committed")  # the change that ends the job
     assert _snapshot(state) == before
 
 
@@ -91,9 +89,9 @@ async def test_a_job_end_drops_the_jobs_attempts_once_saved_and_nothing_else() -
     store = _Store(fail=False)
     runner = _Runner(state, store)
     other = _snapshot(state)[1]
-    await runner._set_status("j", "a", "aborted", "boom")
+    await runner.set_status("j", "a", "aborted", "boom")
     assert "j" in state.jobs and ("j", "b") in state.attempts
-    await runner._set_status("j", "b", "aborted", "boom")
+    await runner.set_status("j", "b", "aborted", "boom")
     assert "j" not in state.jobs and state.ended["j"].status == "aborted"
     assert {k for k in state.attempts if k[0] == "j"} == set()
     assert _snapshot(state)[1] == {k: v for k, v in other.items() if k[0] != "j"}
@@ -134,8 +132,8 @@ async def test_a_status_change_that_does_not_end_the_job_looks_up_no_attempt() -
     state = _state()
     state.attempts = _Counting(state.attempts)
     runner = _Runner(state, _Store(fail=False))
-    await runner._set_status("j", "a", "aborted", "boom")
+    await runner.set_status("j", "a", "aborted", "boom")
     runner.store.fail = True
     with pytest.raises(TransientError):
-        await runner._set_status("j", "b", "aborting", "boom")
+        await runner.set_status("j", "b", "aborting", "boom")
     assert _Counting.lookups == 0

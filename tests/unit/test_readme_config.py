@@ -10,7 +10,7 @@ from typing import Any
 import msgspec
 
 from shared import Settings, load_settings
-from shared._secret import secret_enc_hook
+from shared.settings import secret_enc_hook
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 # The sample shows these with a value of its own; every other setting has its default.

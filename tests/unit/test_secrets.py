@@ -10,9 +10,16 @@ import msgspec
 import pytest
 
 from shared import ConfigError, Secret, load_settings
-from shared._secret import MASK, masked_url, secret_enc_hook, split_redis_url
-from shared._settings import RedisSettings, SecuritySettings, StoreSettings
 from shared.queue import connect, connect_sync
+from shared.settings import (
+    MASK,
+    RedisSettings,
+    SecuritySettings,
+    StoreSettings,
+    masked_url,
+    secret_enc_hook,
+    split_redis_url,
+)
 from shared.spark import ProducerConfig
 
 # Every character the issue names, and then some: '#', '/', '@', ':', '?', '%', space.
@@ -123,7 +130,7 @@ def test_the_producer_config_and_its_pickled_copy_show_no_credential() -> None:
     back = msgspec.convert(
         msgspec.to_builtins(cfg, enc_hook=secret_enc_hook),
         ProducerConfig,
-        dec_hook=__import__("shared._secret", fromlist=["x"]).secret_dec_hook,
+        dec_hook=__import__("shared.settings", fromlist=["x"]).secret_dec_hook,
     )
     assert back == cfg
     s = load_settings(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import msgspec
 
-from shared._secret import masked_url, secret_enc_hook
+from shared.settings import masked_url, secret_enc_hook
 from shared.spark import ProducerConfig
 from shared.spark._preflight import _probe_task, probe_key, sdk_modules
 

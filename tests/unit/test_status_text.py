@@ -11,7 +11,7 @@ from typing import Any
 
 from rich.console import Console
 
-from coordinator._status_text import print_status
+from coordinator.cli._status_text import print_status
 
 
 def big_doc(shards: int, datasets: int, workers: int) -> dict[str, Any]:
@@ -121,7 +121,7 @@ def test_status_all_prints_every_row() -> None:
 def test_help_imports_neither_spark_nor_cloud_sdks() -> None:
     code = (
         "import sys\n"
-        "from coordinator._cli import app\n"
+        "from coordinator.cli import app\n"
         "try:\n    app(['--help'])\nexcept SystemExit:\n    pass\n"
         "print('MODULES ' + ' '.join(sorted(sys.modules)))\n"
     )

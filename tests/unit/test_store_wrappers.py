@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from shared._settings import StoreSettings
+from shared.settings import StoreSettings
 from shared.storage import open_store
 from shared.storage._counting import CountingStore
 from shared.storage._latency import LatencyModel, LatencyStore
@@ -84,7 +84,7 @@ async def test_counting_store_counts_requests_and_sequential_rounds(tmp_path: Pa
 
 
 def test_model_p50_of_rounds_is_the_floor_a_latency_ratio_is_read_against() -> None:
-    from coordinator._bench_fleet import model_p50
+    from coordinator.bench import model_p50
     from shared.storage._latency import LatencyModel
 
     constant = LatencyModel(0.02, 0.02, seed=1)

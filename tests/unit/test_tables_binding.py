@@ -6,11 +6,16 @@ import pytest
 
 from shared import load_settings
 from shared._errors import ConfigError
-from shared.commit import CommitRequest, StagedFile, WinningAttempt, resolve_binding, table_step
-from shared.commit._catalog_ops import catalog_properties
+from shared.commit import (
+    CommitRequest,
+    StagedFile,
+    WinningAttempt,
+    catalog_properties,
+    resolve_binding,
+    table_step,
+)
 from shared.events import JobStarted, TableBinding, TaskFinished, published_key
-from workers._decide import decide
-from workers._jobstate import ShardJobs
+from workers._core import ShardJobs, decide
 
 BOUND = {"orders": TableBinding(table="lake.sales.orders", mode="create")}
 

@@ -1,4 +1,4 @@
-"""A waiting dataset's tasks are counted, not scanned, per event (workers._tally): the count
+"""A waiting dataset's tasks are counted, not scanned, per event (workers._core._tally): the count
 decides exactly as the full check would, and the work per event does not grow with the tasks."""
 
 from __future__ import annotations
@@ -10,10 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shared.events import DatasetExpectation, JobFinished, JobStarted, StagedFile, TaskFinished
-from workers import _decide, _tally
-from workers._decide import _complete, decide
-from workers._intake import _put_back, _records_of
-from workers._jobstate import Commit, ShardJobs
+from workers._core import Commit, ShardJobs, _decide, _tally, decide
+from workers._core._decide import _complete
+from workers._ledger import _put_back, _records_of
 
 FILES = [StagedFile(path="p", size=1)]
 

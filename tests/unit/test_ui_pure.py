@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator._ui_auth import (
+from coordinator.admin._ui_auth import (
     LOOPBACK_NAMES,
     authorized,
     host_allowed,
@@ -12,8 +12,8 @@ from coordinator._ui_auth import (
     same_origin,
     session_value,
 )
-from coordinator._ui_history import WINDOW_MINUTES, CommitHistory, window_start_id
-from shared._settings import is_loopback_host
+from coordinator.admin._ui_history import WINDOW_MINUTES, CommitHistory, window_start_id
+from shared.settings import is_loopback_host
 
 TOKEN = "a-token-of-enough-length"
 

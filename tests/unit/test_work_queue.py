@@ -1,4 +1,4 @@
-"""workers._work_queue: one at a time per dataset in the order scheduled, jobs taking turns."""
+"""workers._core._work_queue: one at a time per dataset in the order scheduled, jobs taking turns."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from itertools import count
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workers._work_queue import WorkQueue
+from workers._core import WorkQueue
 
 _seq = count()
 

@@ -1,0 +1,29 @@
+"""The coordinator's admin surface: the HTTP API, its metrics, the fleet's status document, the console.
+
+The names are imported when first used (PEP 562): ``commitfleet status`` and
+``commitfleet events`` read the status document and the event filter without
+loading the HTTP server (aiohttp, prometheus_client).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from shared._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from ._filter import event_matches
+    from ._http import AdminServer
+    from ._status import fleet_status, get_status
+
+_WHERE = {
+    "AdminServer": "._http",
+    "event_matches": "._filter",
+    "fleet_status": "._status",
+    "get_status": "._status",
+}
+
+__getattr__ = lazy_exports(__name__, _WHERE)
+
+
+__all__ = ["AdminServer", "event_matches", "fleet_status", "get_status"]
