@@ -37,6 +37,7 @@ from ._keys import Keys
 from ._operator_requests import (
     OperatorRequest,
     check_request_names,
+    drop_operator_request,
     quarantine_reason,
     queue_operator_request,
     read_operator_requests,
@@ -74,6 +75,7 @@ __all__ = [
     "FleetMeta",
     "Keys",
     "OperatorRequest",
+    "drop_operator_request",
     "check_request_names",
     "quarantine_reason",
     "queue_operator_request",
