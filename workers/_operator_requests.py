@@ -22,8 +22,7 @@ from typing import Literal, Protocol
 
 import msgspec
 
-from shared import BadInput, NotFound
-from shared._logging import kv
+from shared import BadInput, NotFound, kv
 from shared.commit import CommitResult, CommitStepFailed, retry_quarantined, skip_quarantined
 from shared.events import InvalidMessage, OperatorAction, verify_operator_request
 from shared.locks import HeldLease
