@@ -12,6 +12,7 @@ demo: bootstrap
 lint: bootstrap
 	$(VENV)/ruff check .
 	$(VENV)/ruff format --check .
+	$(VENV)/lint-imports
 
 typecheck: bootstrap
 	$(VENV)/mypy

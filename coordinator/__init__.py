@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from shared._lazy import lazy_exports
+from shared import lazy_exports
 
 if TYPE_CHECKING:
     from ._coordinator import Coordinator, run_coordinator

@@ -44,9 +44,7 @@ import time
 
 import redis.asyncio
 
-from shared import ConfigError, LockLost, OutcomeUnknown, Settings, TransientError
-from shared._aio import run_shielded
-from shared._logging import kv
+from shared import ConfigError, LockLost, OutcomeUnknown, Settings, TransientError, kv, run_shielded
 from shared.events import ShardsAssigned, WorkerLeft
 from shared.fleet import (
     HARD_EXIT_AFTER_S,

@@ -1,6 +1,7 @@
 """commitfleet's shared contract and libraries: errors, settings, storage, locks,
 events, commit core, queue and the Spark producer side."""
 
+from ._aio import TaskGroup, cancel_until_done, raise_if_cancelling, run_shielded
 from ._errors import (
     BadInput,
     CommitfleetError,
@@ -14,10 +15,24 @@ from ._errors import (
     Throttled,
     TransientError,
 )
+from ._lazy import lazy_exports
+from ._logging import configure_logging, kv
+from ._nonce import nonce
+from ._recent import GUESS_LIMIT, Recent
 from ._retry import RetryPolicy, retry
 from .settings import Secret, Settings, load_settings
 
 __all__ = [
+    "GUESS_LIMIT",
+    "Recent",
+    "TaskGroup",
+    "cancel_until_done",
+    "configure_logging",
+    "kv",
+    "lazy_exports",
+    "nonce",
+    "raise_if_cancelling",
+    "run_shielded",
     "BadInput",
     "CommitfleetError",
     "ConfigError",

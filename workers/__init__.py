@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from shared._lazy import lazy_exports
+from shared import lazy_exports
 
 if TYPE_CHECKING:
     from ._core import STATE_VERSION, JobMeta
+    from ._heap import tune_gc
     from ._inflight import read_in_flight
     from ._probe import Probe
     from ._worker import Worker, run_worker
@@ -24,9 +25,10 @@ _WHERE = {
     "Probe": "._probe",
     "Worker": "._worker",
     "run_worker": "._worker",
+    "tune_gc": "._heap",
 }
 
 __getattr__ = lazy_exports(__name__, _WHERE)
 
 
-__all__ = ["STATE_VERSION", "JobMeta", "Probe", "Worker", "read_in_flight", "run_worker"]
+__all__ = ["STATE_VERSION", "JobMeta", "Probe", "Worker", "read_in_flight", "run_worker", "tune_gc"]

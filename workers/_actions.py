@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from shared._logging import kv
+from shared import kv
 from shared.commit import (
     CommitRequest,
     CommitResult,

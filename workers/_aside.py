@@ -18,7 +18,7 @@ import logging
 import time
 from typing import Final
 
-from shared._logging import kv
+from shared import kv
 from shared.events import ShardSetAside
 from shared.queue import as_text, redis_errors
 

@@ -13,8 +13,7 @@ from shared import Settings
 from shared.events import AdminEvent, ValidationLimits
 from shared.fleet import FleetRegistry
 from shared.locks import SharedReleaseNotifier
-from shared.queue import AdminPublisher, Keys, redis_errors
-from shared.queue._admin_stream import Outcome
+from shared.queue import AdminPublisher, Keys, Outcome, redis_errors
 from shared.storage import ObjectStore
 
 from ._probe import Probe, no_probe

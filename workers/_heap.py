@@ -29,7 +29,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from shared._logging import kv
+from shared import kv
 
 log = logging.getLogger("workers.heap")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 
-from shared._logging import kv
+from shared import kv
 from shared.queue import cap_dead_letters, redis_errors, trim_acknowledged
 
 from ._context import WorkerContext

@@ -21,9 +21,7 @@ from typing import Any, Literal
 import msgspec
 import redis.asyncio
 
-from shared import TransientError
-from shared._aio import raise_if_cancelling
-from shared._logging import kv
+from shared import TransientError, kv, raise_if_cancelling
 from shared.queue import Keys, as_text, redis_errors
 
 log = logging.getLogger("workers.shard")

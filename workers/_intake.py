@@ -16,9 +16,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from shared import ConfigError, LockLost, TransientError
-from shared._logging import kv
-from shared._recent import GUESS_LIMIT
+from shared import GUESS_LIMIT, ConfigError, LockLost, TransientError, kv
 from shared.events import (
     InvalidMessage,
     MessageRejected,

@@ -22,12 +22,11 @@ from typing import Literal, Protocol
 
 import msgspec
 
-from shared import BadInput, NotFound
-from shared._logging import kv
+from shared import BadInput, NotFound, kv
 from shared.commit import CommitResult, CommitStepFailed, retry_quarantined, skip_quarantined
 from shared.events import InvalidMessage, OperatorAction, verify_operator_request
 from shared.locks import HeldLease
-from shared.queue import as_text, redis_errors
+from shared.queue import drop_operator_request, read_operator_requests
 
 from ._announce import announce_aborted, announce_from_manifest
 from ._context import WorkerContext
@@ -66,14 +65,8 @@ class OperatorRequests:
         Raises:
             TransientError: Redis unavailable.
         """
-        key = self.ctx.keys.shard_state(self.shard, "operator")
-        with redis_errors("read operator requests"):
-            raw = await self.ctx.redis.hgetall(key)
-        out: list[Operate] = []
-        for field, op in raw.items():
-            dataset, _, job = as_text(field).partition("/")
-            out.append(Operate(dataset=dataset, job=job, op=as_text(op)))
-        return out
+        requests = await read_operator_requests(self.ctx.redis, self.ctx.keys, self.shard)
+        return [Operate(dataset=r.dataset, job=r.job, op=r.op) for r in requests]
 
     async def _refuse(self, work: Operate, action: Literal["retry", "skip"], why: str) -> None:
         """Log and announce (``operator_action`` outcome ``refused``) a request that will never apply.
@@ -103,7 +96,6 @@ class OperatorRequests:
             Fenced, TransientError, LockTimeout, LockLost: the request stays, tried again.
         """
         ctx = self.ctx
-        key = ctx.keys.shard_state(self.shard, "operator")
         try:
             op = verify_operator_request(work.op, ctx.limits.signing, dataset=work.dataset, job=work.job)
         except InvalidMessage as exc:
@@ -111,8 +103,7 @@ class OperatorRequests:
             await self._refuse(
                 work, "skip" if work.op.startswith("skip") else "retry", f"{exc.reason}: {exc.detail}"
             )
-            with redis_errors("HDEL operator request"):
-                await ctx.redis.hdel(key, f"{work.dataset}/{work.job}")
+            await drop_operator_request(ctx.redis, ctx.keys, self.shard, work.dataset, work.job)
             return
         work = msgspec.structs.replace(work, op=op)
 
@@ -150,8 +141,7 @@ class OperatorRequests:
                 await self._refuse(work, "retry" if work.op == "retry" else "skip", str(exc))
         else:
             log.error("unknown operator request", extra=kv(op=work.op, dataset=work.dataset))
-        with redis_errors("HDEL operator request"):
-            await ctx.redis.hdel(key, f"{work.dataset}/{work.job}")
+        await drop_operator_request(ctx.redis, ctx.keys, self.shard, work.dataset, work.job)
         # A dataset blocked behind the quarantined sequence can go on now (in
         # this task: it already holds an in-flight slot and the dataset's turn).
         for meta in list(self._ledger.state.jobs.values()):

@@ -18,8 +18,7 @@ import logging
 import random
 import time
 
-from shared import CommitfleetError, Fenced, Settings
-from shared._logging import kv
+from shared import CommitfleetError, Fenced, Settings, kv
 from shared.fleet import ProcessTasks, dump_tasks
 
 from ._context import WorkerContext

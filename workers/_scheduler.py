@@ -33,9 +33,17 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from shared import CommitfleetError, Fenced, LockLost, LockTimeout, OutcomeUnknown, TransientError
-from shared._aio import cancel_until_done, raise_if_cancelling
-from shared._logging import kv
+from shared import (
+    CommitfleetError,
+    Fenced,
+    LockLost,
+    LockTimeout,
+    OutcomeUnknown,
+    TransientError,
+    cancel_until_done,
+    kv,
+    raise_if_cancelling,
+)
 from shared.fleet import ReportingTaskGroup
 
 from ._core import QueuedWork, Work, WorkQueue, work_key

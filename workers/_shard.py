@@ -52,9 +52,9 @@ from shared import (
     CommitfleetError,
     Fenced,
     TransientError,
+    cancel_until_done,
+    kv,
 )
-from shared._aio import cancel_until_done
-from shared._logging import kv
 from shared.commit import (
     list_unfinished,
 )

@@ -43,10 +43,7 @@ import os
 import socket
 import time
 
-from shared import ConfigError, Fenced, Settings, TransientError
-from shared._aio import cancel_until_done, run_shielded
-from shared._logging import kv
-from shared._nonce import nonce
+from shared import ConfigError, Fenced, Settings, TransientError, cancel_until_done, kv, nonce, run_shielded
 from shared.events import ValidationLimits, WorkerJoined, WorkerLeft
 from shared.fleet import (
     HARD_EXIT_AFTER_S,

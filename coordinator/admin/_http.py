@@ -33,9 +33,7 @@ import redis.asyncio
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from shared import ConfigError, Settings, TransientError
-from shared._aio import raise_if_cancelling
-from shared._logging import kv
+from shared import ConfigError, Settings, TransientError, kv, raise_if_cancelling
 from shared.events import DATA_FIELD, AdminEvent, Committed, InvalidMessage, decode_admin, encode_admin
 from shared.queue import Keys, entries_from_reply, queue_operator_request, read_admin_range, redis_errors
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from shared._lazy import lazy_exports
+from shared import lazy_exports
 
 if TYPE_CHECKING:
     from ._cluster import run_cluster_bench

@@ -32,8 +32,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from shared import Settings
-from shared.commit import CommitRequest, WinningAttempt, commit_dataset
-from shared.commit._bounded import for_each_bounded
+from shared.commit import CommitRequest, WinningAttempt, commit_dataset, for_each_bounded
 from shared.events import (
     StagedFile,
     lock_name,
@@ -43,8 +42,7 @@ from shared.events import (
     staging_prefix,
 )
 from shared.locks import StorageLock
-from shared.storage import ObjectStore, open_store
-from shared.storage._counting import CountingStore
+from shared.storage import CountingStore, ObjectStore, open_store
 
 MODES = ("baseline", "core", "fleet")
 

@@ -25,9 +25,7 @@ from shared.commit import CommitRequest, commit_dataset
 from shared.events import Committed, DatasetExpectation, JobFinished, JobStarted, TaskFinished, lock_name
 from shared.locks import StorageLock
 from shared.queue import AsyncPublisher, Keys, connect, read_admin_range
-from shared.storage import ObjectStore, open_store
-from shared.storage._counting import CountingStore
-from shared.storage._latency import LatencyModel
+from shared.storage import CountingStore, LatencyModel, ObjectStore, open_store
 
 from ._commit import (
     ModeResult,

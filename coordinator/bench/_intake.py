@@ -27,8 +27,7 @@ from rich.console import Console
 
 from coordinator import Coordinator
 from coordinator.demo import ThrowawayRedis
-from shared import Settings, load_settings
-from shared._aio import TaskGroup
+from shared import Settings, TaskGroup, load_settings
 from shared.events import JobStarted, StagedFile, TaskFinished
 from shared.queue import AsyncPublisher, Keys, ShardConsumer, connect, ensure_fleet
 from shared.settings import masked_url

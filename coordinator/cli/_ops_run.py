@@ -14,8 +14,16 @@ import redis.asyncio
 from rich.console import Console
 
 from coordinator.admin import event_matches
-from shared import BadInput, ConfigError, NotFound, OutcomeUnknown, Settings, TransientError
-from shared._aio import cancel_until_done, run_shielded
+from shared import (
+    BadInput,
+    ConfigError,
+    NotFound,
+    OutcomeUnknown,
+    Settings,
+    TransientError,
+    cancel_until_done,
+    run_shielded,
+)
 from shared.events import AdminEvent, OperatorAction, Quarantined, encode_admin
 from shared.queue import (
     Keys,

@@ -14,7 +14,7 @@ def worker(
     worker_id: Annotated[str, typer.Option("--id", help="Worker id (default: host-pid-random).")] = "",
 ) -> None:
     """Run a worker: owned shards -> event intake -> commit / abort / recovery."""
-    from shared._logging import configure_logging
+    from shared import configure_logging
     from workers import run_worker
 
     s = settings_or_exit(config)
@@ -30,7 +30,7 @@ def coordinator(
 ) -> None:
     """Run a coordinator: leader election, shard assignment, admin API."""
     from coordinator import run_coordinator
-    from shared._logging import configure_logging
+    from shared import configure_logging
 
     overrides: dict[str, Any] = {}
     if http_host is not None:

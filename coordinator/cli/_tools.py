@@ -78,7 +78,7 @@ def bench(
     s = settings_or_exit(config)
     if what == "intake":
         from coordinator.bench import run_bench
-        from workers._heap import tune_gc
+        from workers import tune_gc
 
         tune_gc()  # the worker runs in this process: set it up as `commitfleet worker` does
         _stopping_children("bench", lambda: run_or_exit(run_bench(s, events_n, console=out)))
@@ -125,7 +125,7 @@ def pack(
     out_dir: Annotated[Path, typer.Option("--out", help="Folder to write into.")] = Path("dist"),
 ) -> None:
     """Build the zip Spark executors import commitfleet from (spark-submit --py-files), see docs/spark.md."""
-    from shared.spark._pack import build_pack
+    from shared.spark import build_pack
 
     p = build_pack(out_dir)
     lines = (

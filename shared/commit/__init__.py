@@ -9,6 +9,7 @@ See docs/commit.md; the commit pipeline reads top to bottom in ``_commit.py``.
 
 from ._abort import abort_dataset, cleanup_staged_attempt
 from ._audit import AuditReport, AuditViolation, ViolationKind, audit
+from ._bounded import for_each_bounded
 from ._catalog import CommitToTable, resolve_binding, table_step
 from ._catalog_ops import DATASET_PROPERTY, JOB_PROPERTY, catalog_properties, load_table, open_catalog
 from ._commit import commit_dataset, execute_sequence, recover_dataset
@@ -34,6 +35,7 @@ from ._wal import CommitSequence, decode_sequence, encode_sequence, read_sequenc
 from ._watermarks import AdvanceWatermarks, merge_watermarks, read_watermarks
 
 __all__ = [
+    "for_each_bounded",
     "DATASET_PROPERTY",
     "DEFAULT_REGISTRY",
     "JOB_PROPERTY",

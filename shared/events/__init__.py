@@ -58,6 +58,7 @@ from ._queue_events import (
     QueueEvent,
     StagedFile,
     TableBinding,
+    TableMode,
     TaskFinished,
     event_datasets,
     event_type,
@@ -78,6 +79,7 @@ from ._signing import (
 from ._validation import ValidationLimits, check_task_index, validate_event
 
 __all__ = [
+    "TableMode",
     "ADMIN_EVENT_TYPES",
     "Aborted",
     "AdminEvent",

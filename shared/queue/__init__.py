@@ -4,7 +4,7 @@ dead letters, the admin stream and the fleet's meta record.
 See docs/queue.md for the key layout, entry fields and consumer-group semantics.
 """
 
-from ._admin_stream import DEFAULT_ADMIN_MAXLEN, AdminPublisher, follow_admin, read_admin_range
+from ._admin_stream import DEFAULT_ADMIN_MAXLEN, AdminPublisher, Outcome, follow_admin, read_admin_range
 from ._cluster import wait_replicated
 from ._connect import connect, connect_sync, redis_errors
 from ._consumer import DEFAULT_GROUP, ConsumerInfo, ShardConsumer, ShardLag, Trimmed, trim_acknowledged
@@ -37,14 +37,17 @@ from ._keys import Keys
 from ._operator_requests import (
     OperatorRequest,
     check_request_names,
+    drop_operator_request,
     quarantine_reason,
     queue_operator_request,
     read_operator_requests,
 )
-from ._publisher import AsyncPublisher, SyncPublisher, plan_entries
+from ._publisher import AsyncPublisher, SyncPublisher, plan_entries, retry_sync
 from ._routing import group_by_shard, shard_of, split_by_shard
 
 __all__ = [
+    "Outcome",
+    "retry_sync",
     "wait_replicated",
     "RESULT_RETENTION_S",
     "DatasetResult",
@@ -74,6 +77,7 @@ __all__ = [
     "FleetMeta",
     "Keys",
     "OperatorRequest",
+    "drop_operator_request",
     "check_request_names",
     "quarantine_reason",
     "queue_operator_request",

@@ -127,8 +127,21 @@ async def read_operator_requests(
     return out
 
 
+async def drop_operator_request(
+    redis_client: redis.asyncio.Redis, keys: Keys, shard: int, dataset: str, job: str
+) -> None:
+    """Remove ``dataset`` / ``job``'s request from ``shard``'s ``operator`` hash (done or refused).
+
+    Raises:
+        TransientError: Redis is unreachable (the request stays, read again on the next tick).
+    """
+    with redis_errors("HDEL operator request"):
+        await redis_client.hdel(keys.shard_state(shard, "operator"), _field(dataset, job))
+
+
 __all__ = [
     "OperatorRequest",
+    "drop_operator_request",
     "check_request_names",
     "quarantine_reason",
     "queue_operator_request",

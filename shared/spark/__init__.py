@@ -9,11 +9,14 @@ from ..queue import DatasetResult
 from ._config import ProducerConfig
 from ._job import JobCancelledError, JobContext, commit_job, new_job_id
 from ._outcome import JobNotCommitted, OutcomeForgotten, OutcomeTimeout, wait_for_outcome
+from ._pack import Pack, build_pack
 from ._session import local_spark_session
 from ._winners import TaskResult
 from ._writer import InjectedTaskFailure, WatermarkFn, Watermarks, max_watermark
 
 __all__ = [
+    "Pack",
+    "build_pack",
     "DatasetResult",
     "JobNotCommitted",
     "OutcomeForgotten",

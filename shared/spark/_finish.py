@@ -12,8 +12,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from ..events import DatasetExpectation, JobFailed, JobFinished, QueueEvent
-from ..queue import DatasetResult, JobOutcome
-from ..queue._publisher import retry_sync
+from ..queue import DatasetResult, JobOutcome, retry_sync
 from ._config import ProducerConfig
 from ._outcome import ended_first, read_outcome, wait_for_outcome
 from ._publishing import publisher_for

@@ -6,8 +6,7 @@ import re
 import typing
 
 from .._errors import BadInput
-from ..events import TableBinding
-from ..events._queue_events import TableMode
+from ..events import TableBinding, TableMode
 
 _TABLE = re.compile(r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)+$")
 _MODES: tuple[str, ...] = typing.get_args(TableMode)
