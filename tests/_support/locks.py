@@ -11,8 +11,7 @@ from shared import RetryPolicy
 from shared.locks import LockRecord, StorageLock, lock_key, read_lock
 from shared.locks._state import decode_record
 from shared.settings import LockSettings
-from shared.storage import ObjectStore
-from shared.storage._counting import CountingStore
+from shared.storage import CountingStore, ObjectStore
 
 FAST = LockSettings(
     validity=1.2, renew_interval=0.3, max_drift=0.1, acquire_timeout=10.0, poll_min=0.01, poll_max=0.1

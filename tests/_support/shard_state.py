@@ -8,8 +8,8 @@ import redis.asyncio
 
 from shared.events import StagedFile
 from shared.queue import DatasetResult, Keys, ShardConsumer
+from workers import JobMeta as Meta
 from workers._core import Attempt, Ended, ShardJobs
-from workers._core import JobMeta as Meta
 from workers._state_store import Batch, ShardStateStore
 
 SHARD = 3
