@@ -71,14 +71,17 @@ async def test_a_drained_backlog_leaves_no_history(
 
             async def pruned() -> bool:
                 return all(
-                    r._queue.datasets == 0 and not r._running and not r._tasks and not r.state.jobs
+                    r.scheduler.queue.datasets == 0
+                    and not r.scheduler.running
+                    and not r.scheduler.tasks
+                    and not r.ledger.state.jobs
                     for r in runners
                 )
 
             await wait_for(pruned, timeout=30, what="per-dataset structures dropped")
             for r in runners:
-                assert not r.state.attempts  # attempts leave with their job
-                assert set(r.state.ended) <= {f"job{s}" for s in range(0, DATASETS, PER_JOB)}
+                assert not r.ledger.state.attempts  # attempts leave with their job
+                assert set(r.ledger.state.ended) <= {f"job{s}" for s in range(0, DATASETS, PER_JOB)}
 
             async def boards_empty() -> bool:  # the board is written behind (workers._inflight)
                 return all(
