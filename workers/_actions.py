@@ -201,6 +201,10 @@ class Actions:
                 "commit sequence quarantined: the dataset waits for an operator (retry or skip)",
                 extra=kv(dataset=result.dataset, job=result.job, reason=reason),
             )
+            # Status, the console and `commitfleet retry` read quarantines from this record:
+            # written before the event, so that an operator who acts on the event finds it
+            # (a recovery's sequence has no job record to show it).
+            await note_quarantine(ctx, self.shard, result.dataset, result.job, reason)
             await ctx.emit(
                 Quarantined(
                     at=time.time(),
@@ -215,6 +219,7 @@ class Actions:
             # This very sequence was quarantined before (a replay after a
             # restart): it stays quarantined, and was announced back then.
             status = "quarantined"
+            await note_quarantine(ctx, self.shard, result.dataset, result.job, reason)
         else:
             status = "blocked"
             reason = f"blocked by quarantined job {result.blocked_by}: {reason}"
@@ -230,10 +235,6 @@ class Actions:
                     duration_s=result.duration,
                 )
             )
-        if status == "quarantined":
-            # Status reads quarantines from this record: keep it current now (a recovery's
-            # sequence has no job record to show it), not at the next session start.
-            await note_quarantine(ctx, self.shard, result.dataset, result.job, reason)
         await self._probe("commit.announced")
         await self._ledger.set_status(result.job, result.dataset, status, reason)
         await self._probe("commit.saved")

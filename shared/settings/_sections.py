@@ -197,7 +197,7 @@ class WorkerSettings(_Section, frozen=True):
     read_block_ms: int = 500
     max_inflight_datasets: int = 32
     # Work (commits, aborts, recoveries, clean-ups) a shard keeps queued before
-    # its intake pauses: the queue's memory bound (workers._scheduling).
+    # its intake pauses: the queue's memory bound (workers._scheduler).
     max_queued_work: int = 20_000
     drain_grace: float = 30.0
     # Seconds a job's driver may stay silent (no liveness key seen) before the
