@@ -102,6 +102,17 @@ class InProcessFleet:
         self.worker_tasks.append(task)
         return worker, task
 
+    async def stop_coordinator(self) -> None:
+        """Stop the coordinator and wait for it; the workers keep the assignment they follow.
+
+        For a test that overwrites a shard's owner token to play another owner:
+        a running coordinator makes every active shard's token name its
+        assigned owner again on its next tick (fencing whoever else holds it),
+        and would hand the shard back before the worker ever saw it fenced.
+        """
+        self.coordinator.shutdown()
+        await asyncio.wait([self.coordinator_task])
+
     async def stop(self, timeout: float | None = None) -> None:
         """Ask every worker and the coordinator to stop, and wait (at most ``timeout`` s) for them to end.
 

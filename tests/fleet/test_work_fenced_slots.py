@@ -53,6 +53,8 @@ async def test_fenced_work_does_not_leak_inflight_slots(
             runner, _t = worker._runners[0]
             ctx = runner.ctx
             assert len(runner.scheduler.queue) == len(names) - SLOTS
+            # The coordinator would give the token back to w1 on its next tick (see stop_coordinator).
+            await fleet.stop_coordinator()
             # Another owner took the shard (as after a freeze past the lease): steal the token.
             good_token = await reg.owner_token(0)
             await redis_client.set(Keys(fleet_name).shard_state(0, "owner"), b"other@999")
@@ -97,6 +99,13 @@ async def test_the_worker_still_commits_after_as_many_fences_as_slots(
         worker = fleet.worker
         try:
             pub = fleet.publisher
+
+            async def started() -> bool:
+                return worker._runners.get(0) is not None
+
+            await wait_for(started, timeout=30, what="shard 0 started")
+            # The coordinator would give the token back to w1 on its next tick (see stop_coordinator).
+            await fleet.stop_coordinator()
             for rnd in range(SLOTS):
                 gate.open.clear()
                 names = [f"r{rnd}-{i}" for i in range(10)]
