@@ -25,13 +25,14 @@ def main(spec_path: str) -> None:
     from pyspark.sql import SparkSession
 
     import shared
+    from shared.settings import secret_dec_hook
     from shared.spark import ProducerConfig, commit_job
 
     with open(spec_path) as f:
         spec: dict[str, Any] = json.load(f)
     spark = SparkSession.builder.appName(spec["job"]).getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
-    cfg = msgspec.convert(spec["producer"], ProducerConfig)
+    cfg = msgspec.convert(spec["producer"], ProducerConfig, dec_hook=secret_dec_hook)
     slow_host, slow_s, task_s = spec["slow_host"], spec["slow_s"], spec["task_s"]
 
     def pace(task: int, table: Any) -> dict[str, int]:

@@ -42,8 +42,8 @@ from shared.commit import audit, read_manifest
 from shared.events import Aborted, Committed, TaskFinished, ValidationLimits, decode_entry
 from shared.fleet import FleetRegistry
 from shared.queue import Keys, ensure_fleet_sync
-from shared.spark import ProducerConfig
-from shared.spark._pack import build_pack
+from shared.settings import secret_dec_hook, secret_enc_hook
+from shared.spark import ProducerConfig, build_pack
 from shared.storage import ObjectStore, open_store
 from tests._support.emulators import Emulator
 from tests._support.fleet import fleet_settings
@@ -73,7 +73,8 @@ class ClusterRig:
 
     def producer(self, job_timeout: float) -> dict[str, Any]:
         cfg = ProducerConfig.from_settings(self.settings, job_timeout=job_timeout, app="cluster")
-        return msgspec.to_builtins(cfg)  # type: ignore[no-any-return]
+        # The job needs the secrets' values: written out as the demo writes its config file.
+        return msgspec.to_builtins(cfg, enc_hook=secret_enc_hook)  # type: ignore[no-any-return]
 
     def logs(self) -> str:
         fleet = "".join(f"\n===== {p.name} =====\n{p.output()[-4000:]}" for p in self.fleet_procs)
@@ -399,7 +400,7 @@ async def test_executors_without_store_credentials_stop_the_job_at_preflight(
     job, ds = "cl-creds-" + secrets.token_hex(3), "orders"
     producer = dict(fleet.producer(job_timeout=300.0))
     producer["store_url"] = f"s3://cf-session/cluster-{job}"
-    producer["store"] = msgspec.to_builtins(s3_emulator.settings())
+    producer["store"] = msgspec.to_builtins(s3_emulator.settings(), enc_hook=secret_enc_hook)
     spec = job_spec(fleet, job, ds, producer=producer)
     code, result, took = await run_job(fleet, spec)
     assert code != 0 and result is None
@@ -449,7 +450,7 @@ async def test_a_dataset_aborted_while_the_job_runs_makes_commit_job_raise(
 
     await wait_for(staging, timeout=120, interval=0.1, what="the job to stage files")
     # An operator (or another system) fails the job's dataset while the driver is still writing it.
-    producer = msgspec.convert(spec["producer"], ProducerConfig)
+    producer = msgspec.convert(spec["producer"], ProducerConfig, dec_hook=secret_dec_hook)
     publish(producer, JobFailed(job=job, datasets=[ds], reason="operator: bad source", failed_at=time.time()))
 
     async def aborted() -> bool:
