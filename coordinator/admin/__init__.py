@@ -12,13 +12,14 @@ from typing import TYPE_CHECKING
 from shared import lazy_exports
 
 if TYPE_CHECKING:
-    from ._filter import event_matches
+    from ._filter import event_matches, event_types
     from ._http import AdminServer
     from ._status import fleet_status, get_status
 
 _WHERE = {
     "AdminServer": "._http",
     "event_matches": "._filter",
+    "event_types": "._filter",
     "fleet_status": "._status",
     "get_status": "._status",
 }
@@ -26,4 +27,4 @@ _WHERE = {
 __getattr__ = lazy_exports(__name__, _WHERE)
 
 
-__all__ = ["AdminServer", "event_matches", "fleet_status", "get_status"]
+__all__ = ["AdminServer", "event_matches", "event_types", "fleet_status", "get_status"]

@@ -5,7 +5,28 @@ Kept free of aiohttp: the CLI imports it.
 
 from __future__ import annotations
 
-from shared.events import AdminEvent
+from collections.abc import Iterable
+
+from shared import BadInput
+from shared.events import ADMIN_EVENT_TYPES, AdminEvent
+
+
+def event_types(values: Iterable[str]) -> set[str]:
+    """Return the admin event types named by ``values``: each a type or a comma-separated list of them.
+
+    ``--type committed,aborted``, ``-t committed -t aborted`` and ``?type=committed,aborted``
+    all name the same two types; an empty result means no filter.
+
+    Raises:
+        BadInput: a name that is no admin event type (it would filter out every event),
+            with the known types in the message.
+    """
+    names = {t.strip() for v in values for t in v.split(",") if t.strip()}
+    unknown = sorted(names - ADMIN_EVENT_TYPES.keys())
+    if unknown:
+        known = ", ".join(sorted(ADMIN_EVENT_TYPES))
+        raise BadInput(f"unknown admin event type(s) {', '.join(map(repr, unknown))}; known: {known}")
+    return names
 
 
 def event_matches(ev: AdminEvent, *, types: set[str], dataset: str | None, job: str | None) -> bool:
@@ -17,4 +38,4 @@ def event_matches(ev: AdminEvent, *, types: set[str], dataset: str | None, job: 
     return job is None or getattr(ev, "job", None) == job
 
 
-__all__ = ["event_matches"]
+__all__ = ["event_matches", "event_types"]

@@ -33,12 +33,12 @@ import redis.asyncio
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from shared import ConfigError, Settings, TransientError, kv, raise_if_cancelling
+from shared import BadInput, ConfigError, Settings, TransientError, kv, raise_if_cancelling
 from shared.events import DATA_FIELD, AdminEvent, Committed, InvalidMessage, decode_admin, encode_admin
 from shared.queue import Keys, entries_from_reply, queue_operator_request, read_admin_range, redis_errors
 
 from . import _ui
-from ._filter import event_matches
+from ._filter import event_matches, event_types
 from ._metrics import CONTENT_TYPE, FleetMetrics
 from ._status import fleet_status
 from ._ui_auth import allowed_hosts, authorized, check_bind, host_allowed
@@ -334,7 +334,10 @@ class AdminServer:
         """Serve one event stream until its client goes (cancelled) or Redis fails (the stream ends)."""
         c = self.settings.coordinator
         q = request.query
-        types = {t for t in q.get("type", "").split(",") if t}
+        try:
+            types = event_types([q.get("type", "")])
+        except BadInput as exc:
+            return web.json_response({"error": str(exc)}, status=400)
         dataset, job = q.get("dataset"), q.get("job")
         start = request.headers.get("Last-Event-ID") or q.get("from", "$")
         if not stream_id_ok(start):

@@ -15,7 +15,9 @@ from typing import Annotated
 
 import typer
 
-from ._common import ConfigOpt, out, run_or_exit, settings_or_exit
+from shared import BadInput
+
+from ._common import ConfigOpt, err, out, run_or_exit, settings_or_exit
 
 # How many rows of each list `commitfleet status` shows without --all (the output stays under 60 lines).
 STATUS_TOP = 5
@@ -26,20 +28,30 @@ WaitOpt = Annotated[float, typer.Option("--timeout", help="Seconds to wait for t
 def events(
     config: ConfigOpt = None,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep following new events.")] = False,
-    type_: Annotated[list[str] | None, typer.Option("--type", "-t", help="Only these event types.")] = None,
+    type_: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--type", "-t", help="Only these event types (repeat it, or separate them with commas)."
+        ),
+    ] = None,
     dataset: Annotated[str | None, typer.Option(help="Only this dataset.")] = None,
     job: Annotated[str | None, typer.Option(help="Only this job.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
     last: Annotated[int, typer.Option(help="Show the last N events first (0 = none).")] = 50,
 ) -> None:
     """Show the admin event stream (``--follow`` keeps going)."""
+    from coordinator.admin import event_types
+
     from ._ops_run import print_events
 
     s = settings_or_exit(config)
+    try:
+        types = event_types(type_ or [])
+    except BadInput as exc:
+        err.print(f"commitfleet: {exc}", markup=False, highlight=False)
+        raise typer.Exit(2) from None
     run_or_exit(
-        print_events(
-            s, follow=follow, types=set(type_ or []), dataset=dataset, job=job, as_json=as_json, last=last
-        )
+        print_events(s, follow=follow, types=types, dataset=dataset, job=job, as_json=as_json, last=last)
     )
 
 

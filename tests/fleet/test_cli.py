@@ -183,14 +183,19 @@ async def test_status_events_audit_and_http_api(fleet: Fleet) -> None:
     assert all(re.match(r"^\d\d:\d\d:\d\d \w+", ln) for ln in lines), lines
     assert any(re.search(r"\scommitted\s.*dataset=alpha job=j-good", ln) for ln in lines), lines
 
-    res = await cli("events", "--config", cfg, "--json", "--type", "committed", "-t", "aborted")
-    assert res.rc == 0, res.err
-    assert sorted((e["type"], e["dataset"]) for e in res.json_lines()) == [
-        ("aborted", "delta"),
-        ("committed", "alpha"),
-        ("committed", "beta"),
-        ("committed", "gamma"),
-    ]
+    # Repeated, or comma-separated as the README writes it (that form used to filter out every event).
+    for types in (("--type", "committed", "-t", "aborted"), ("--type", "committed,aborted")):
+        res = await cli("events", "--config", cfg, "--json", *types)
+        assert res.rc == 0, res.err
+        assert sorted((e["type"], e["dataset"]) for e in res.json_lines()) == [
+            ("aborted", "delta"),
+            ("committed", "alpha"),
+            ("committed", "beta"),
+            ("committed", "gamma"),
+        ], types
+    res = await cli("events", "--config", cfg, "--json", "--type", "commited")
+    assert res.rc == 2 and res.out == ""
+    assert "unknown admin event type(s) 'commited'" in res.err and "committed" in res.err, res.err
     res = await cli("events", "--config", cfg, "--json", "--dataset", "alpha")
     assert res.rc == 0, res.err
     got = res.json_lines()

@@ -258,6 +258,10 @@ async def test_sse_keepalive(start_admin: Start) -> None:
         for bad in ("garbage", "1-2-3", "$x"):
             async with http.get(f"{base}/events", params={"from": bad}) as resp:
                 assert resp.status == 400, bad
+        # An unknown event type would filter out every event: refused, naming the known ones.
+        async with http.get(f"{base}/events", params={"type": "committed,commited"}) as resp:
+            assert resp.status == 400
+            assert "'commited'" in (await resp.json())["error"]
 
 
 async def test_sse_cap_and_disconnect_noticed_at_once(
