@@ -67,16 +67,18 @@ import msgspec
 
 from shared import Settings, load_settings
 from shared.commit import CommitRequest, WinningAttempt, commit_dataset, read_manifest
-from shared.events import Committed, StagedFile, lock_name, staged_key
+from shared.events import Committed, StagedFile, StreamBatch, lock_name, staged_key
 from shared.fleet import FleetRegistry
 from shared.locks import StorageLock
-from shared.queue import Keys, connect, connect_sync, ensure_fleet_sync, read_admin_range
-from shared.spark import ProducerConfig, commit_job, local_spark_session
-from shared.storage import CountingStore, LatencyModel, open_store
+from shared.queue import Keys, SyncPublisher, connect, connect_sync, ensure_fleet_sync, read_admin_range
+from shared.spark import ProducerConfig, commit_batches, local_spark_session
+from shared.storage import CountingStore, LatencyModel, LatencyStore, open_store
 from tests._support.processes import FleetProcess, ThrowawayRedis, write_config
 
 SHARDS = 8
-SIDES = ("parquet", "fleet", "fleet-cloud")
+SIDES = ("parquet", "fleet", "fleet-no-preflight", "fleet-cloud")
+MODELLED_ONLY = ("fleet-cloud",)
+"""Sides that run only on the latency store (elsewhere they are the same as ``fleet``)."""
 STORES = ("local", "latency")
 _SHM = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
 
@@ -85,7 +87,7 @@ _SHM = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
 class Options:
     """What to run (the command line's options)."""
 
-    batches: int = 40
+    batches: int = 50
     warmup: int = 3
     partitions: tuple[int, ...] = (1, 10, 100)
     rows: int = 100
@@ -95,8 +97,11 @@ class Options:
     workers: int = 2
     master: str = "local[2]"
     redis_url: str = ""
-    cloud: bool = True
-    """On the latency store, also run ``fleet-cloud`` (the producer on the model too)."""
+    sides: tuple[str, ...] = SIDES
+    rounds: int = 2
+    """Each P's sides run this many times, interleaved; their batches are pooled."""
+    warm: bool = True
+    """First run every side once, uncounted, on the first P (JIT, Python workers, cached clients)."""
 
     @property
     def p99_ms(self) -> float:
@@ -104,23 +109,27 @@ class Options:
         return self.latency_p99_ms or 5 * self.latency_ms
 
 
+PHASES = {
+    "setup": "batch.start -> the user's write begins (the run record, JobStarted, the preflight, heartbeat)",
+    "write": "the user's write -> batch.staged (the Spark action: tasks stage and publish)",
+    "wait": "batch.staged -> batch.committed (JobFinished, the fleet's commit, the driver's wait)",
+    "fleet": "batch.staged -> the result record written (the fleet's part of the wait)",
+    "commit": "the commit's own time, lock held (committed.duration_s)",
+    "record": "committed announced -> the result record written (the worker's status save)",
+    "poll": "the result record written -> seen by the driver (its polling delay)",
+}
+"""The fleet side's phases of a batch (ms), measured through the probe, the write function, the
+``committed`` events and the result records."""
+
+
 @dataclass(slots=True)
 class Batch:
-    """One counted micro-batch: Spark's figures, and on the fleet side its phases."""
+    """One counted micro-batch: Spark's figures, and on the fleet side its phases (see PHASES)."""
 
     batch: int
     trigger_ms: float
     add_ms: float
-    write_ms: float | None = None
-    """Fleet: ``batch.start`` -> ``batch.staged`` (job opened, Spark write, tasks published)."""
-    wait_ms: float | None = None
-    """Fleet: ``batch.staged`` -> ``batch.committed`` (JobFinished, commit, the driver's wait)."""
-    fleet_ms: float | None = None
-    """Fleet: ``batch.staged`` -> the ``committed`` event (the fleet's part of the wait)."""
-    commit_ms: float | None = None
-    """Fleet: the commit's own duration, lock held (``committed.duration_s``)."""
-    poll_ms: float | None = None
-    """Fleet: the ``committed`` event -> ``batch.committed`` (the driver's polling delay)."""
+    phases: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -135,12 +144,20 @@ class Run:
 
 @dataclass(slots=True)
 class Report:
-    """Every run, and per store and P the commit's counted rounds (latency store only)."""
+    """Every run, and per P the commit's critical path (latency store only)."""
 
     options: Options
     runs: list[Run] = field(default_factory=list)
-    rounds: dict[int, int] = field(default_factory=dict)
-    widths: dict[int, list[int]] = field(default_factory=dict)
+    paths: dict[int, CriticalPath] = field(default_factory=dict)
+    """Per P (latency store only): the commit's counted rounds and round trips."""
+
+    def add(self, run: Run) -> None:
+        """Pool ``run``'s batches with an earlier run of the same (store, side, P)."""
+        known = self.run(run.store, run.side, run.partitions)
+        if known is None:
+            self.runs.append(run)
+        else:
+            known.batches += run.batches
 
     def run(self, store: str, side: str, partitions: int) -> Run | None:
         """Return the run of (store, side, P), if it was measured."""
@@ -206,13 +223,14 @@ class BenchFleet:
     settings: Settings
     procs: list[FleetProcess]
 
-    def producer(self, *, modelled: bool) -> ProducerConfig:
-        """The producer's config; ``modelled``: with the fleet's latency model, else the plain store."""
-        store = self.settings.store
-        if not modelled:
-            store = msgspec.structs.replace(store, model_latency_ms=0.0, model_latency_p99_ms=0.0)
+    def producer(self, side: str) -> ProducerConfig:
+        """The producer's config of ``side``: ``fleet-cloud`` with the fleet's latency model, the others
+        on the plain store; ``fleet-no-preflight`` without the executor preflight."""
+        store = self.settings.store if side == "fleet-cloud" else _plain(self.settings)
         cfg = ProducerConfig.from_settings(self.settings, job_timeout=60.0, app="bench")
-        return msgspec.structs.replace(cfg, store=store, wait_timeout=120.0)
+        return msgspec.structs.replace(
+            cfg, store=store, wait_timeout=120.0, preflight=side != "fleet-no-preflight"
+        )
 
     def logs(self) -> str:
         return "".join(f"\n===== {p.name} ({p.kind}) =====\n{p.output()[-4000:]}" for p in self.procs)
@@ -294,51 +312,95 @@ async def committed_events(settings: Settings, prefix: str) -> dict[str, tuple[f
         await r.aclose()
 
 
-async def count_commit_rounds(settings: Settings, files: int) -> CountingStore:
-    """Commit one dataset of ``files`` staged files alone through the commit core, lock to release,
-    on a counting store (no modelled latency); return the counts."""
-    plain = msgspec.structs.replace(settings.store, model_latency_ms=0.0, model_latency_p99_ms=0.0)
-    async with open_store(settings.store.url, plain) as raw:
-        job, ds = f"rounds-{secrets.token_hex(3)}", f"rounds-{secrets.token_hex(3)}"
-        winners = []
-        for t in range(files):
-            await raw.write(staged_key(job, ds, t, 0, "part-0.parquet"), b"x" * 64)
-            winners.append(
-                WinningAttempt(task=t, attempt=0, files=[StagedFile(path="part-0.parquet", size=64)])
+@dataclass(frozen=True, slots=True)
+class CriticalPath:
+    """One streaming commit of P files alone (lock to release), as the commit core runs it in a worker."""
+
+    rounds: int
+    """Sequential rounds as ``CountingStore`` counts them (busy periods)."""
+    widths: list[int]
+    requests: int
+    trips: float
+    """Round trips on the critical path: the parallel copies and deletes run in waves of
+    ``commit.publish_concurrency``, so a busy period of more files than that is several trips.
+    Measured: (wall time with a constant modelled latency - without) / that latency."""
+    core_ms: list[float]
+    """The same commit's wall times on the lognormal model (the core alone, no fleet)."""
+
+
+async def critical_path(
+    settings: Settings, files: int, *, trip_s: float = 0.05, samples: int = 11
+) -> CriticalPath:
+    """Measure one streaming commit of ``files`` staged files, lock to release, in this process.
+
+    Micro-batches of one app are committed one after the other through the
+    commit core (the stream gate reads the record under the lock, as in a
+    worker); the first (it creates the dataset's documents) is not measured.
+    """
+    app, ds = f"rounds{secrets.token_hex(3)}", f"rounds-{secrets.token_hex(3)}"
+    batch = 0
+
+    async with open_store(settings.store.url, _plain(settings)) as raw:
+
+        async def commit(store: Any) -> float:
+            nonlocal batch
+            job = f"{app}-b{batch}-{secrets.token_hex(4)}"
+            winners = []
+            for t in range(files):
+                await raw.write(staged_key(job, ds, t, 0, "part-0.parquet"), b"x" * 64)
+                winners.append(
+                    WinningAttempt(task=t, attempt=0, files=[StagedFile(path="part-0.parquet", size=64)])
+                )
+            req = CommitRequest(
+                dataset=ds,
+                job=job,
+                winners=winners,
+                expected_tasks=files,
+                stream=StreamBatch(app_id=app, batch=batch, query="q-rounds"),
             )
+            batch += 1
+            t0 = time.perf_counter()
+            lock = StorageLock(store, lock_name(ds), owner="bench-rounds", settings=settings.lock)
+            async with lock.hold() as lease:
+                result = await commit_dataset(store, req, lease, settings)
+            seconds = time.perf_counter() - t0
+            if result.status != "committed":
+                raise RuntimeError(f"the measured commit did not commit: {result.status}")
+            return seconds
+
+        await commit(raw)
         counting = CountingStore(raw)
-        lock = StorageLock(counting, lock_name(ds), owner="bench-rounds", settings=settings.lock)
-        async with lock.hold() as lease:
-            req = CommitRequest(dataset=ds, job=job, winners=winners, expected_tasks=files)
-            result = await commit_dataset(counting, req, lease, settings)
-        if result.status != "committed":
-            raise RuntimeError(f"the counted commit did not commit: {result.status}")
-        return counting
+        await commit(counting)
+        plain = min([await commit(raw) for _ in range(3)])
+        constant = LatencyStore(raw, LatencyModel(trip_s, trip_s))
+        slow = min([await commit(constant) for _ in range(3)])
+        model = LatencyModel(
+            settings.store.model_latency_ms / 1000, settings.store.model_latency_p99_ms / 1000
+        )
+        core = [await commit(LatencyStore(raw, model)) * 1000 for _ in range(samples)]
+    return CriticalPath(
+        rounds=counting.rounds,
+        widths=list(counting.widths),
+        requests=counting.total,
+        trips=(slow - plain) / trip_s,
+        core_ms=core,
+    )
 
 
 # -- one query -------------------------------------------------------------------
 
 
-Committer = Callable[[Any, int], None]
+def write_one(dataset: str, probe: Probe) -> Callable[[Any, Any, int], None]:
+    """The user's ``write``: the batch as one dataset, one staged file per partition."""
+
+    def write(job: Any, df: Any, batch_id: int) -> None:
+        probe("write.begin", batch_id)
+        job.write_dataset(df, dataset)
+
+    return write
+
+
 Probe = Callable[[str, int], None]
-
-
-def make_committer(spark: Any, config: ProducerConfig, app: str, dataset: str, probe: Probe) -> Committer:
-    """The ``foreachBatch`` function: each batch one job of ``dataset`` through ``commit_job``.
-
-    (Stands in for ``shared.spark.commit_batches`` until it lands: same probe
-    points, same job id form.)
-    """
-
-    def committer(df: Any, batch_id: int) -> None:
-        probe("batch.start", batch_id)
-        job_id = f"{app}-b{batch_id}-{secrets.token_hex(4)}"
-        with commit_job(spark, job_id, [dataset], config=config) as job:
-            job.write_dataset(df, dataset)
-            probe("batch.staged", batch_id)
-        probe("batch.committed", batch_id)
-
-    return committer
 
 
 @dataclass
@@ -412,38 +474,44 @@ def fleet_run(
     """The fleet's committer in ``foreachBatch``; every counted batch checked committed (manifest)."""
     app = f"sb{secrets.token_hex(3)}"
     dataset = f"stream-{app}"
-    config = fleet.producer(modelled=side == "fleet-cloud")
+    config = fleet.producer(side)
     marks = Marks()
-    committer = make_committer(spark, config, app, dataset, marks.probe)
+    committer = commit_batches(
+        write_one(dataset, marks.probe), app_id=app, datasets=[dataset], config=config, probe=marks.probe
+    )
     total = opts.warmup + opts.batches
+    written: dict[int, float] = {}
 
     def each(df: Any, batch_id: int) -> None:
         if batch_id < total:  # batches after the counted ones (before the stop) commit nothing
             committer(df, batch_id)
+            last = committer.last
+            assert last is not None and last.batch_id == batch_id and not last.skipped
+            written[batch_id] = last.results[dataset].at
 
     def sink(df: Any) -> Any:
         return df.writeStream.foreachBatch(each)
 
     _qid, progress = run_query(spark, log, p=p, opts=opts, where=where, sink=sink, counted=opts.batches)
     events = asyncio.run(committed_events(fleet.settings, f"{app}-b"))
-    by_batch = {int(job.split("-b")[1].split("-")[0]): (job, ev) for job, ev in events.items()}
+    by_batch = {int(job[len(app) + 2 :].split("-")[0]): (job, ev) for job, ev in events.items()}
     asyncio.run(_check_manifests(fleet.settings, dataset, [by_batch[b][0] for b, _ in progress], p))
     run = Run(store, side, p)
+    points = ("batch.start", "write.begin", "batch.staged", "batch.committed")
     for b, d in progress:
-        m = marks.at[b]
-        start, staged, done = m["batch.start"], m["batch.staged"], m["batch.committed"]
+        start, begin, staged, done = (marks.at[b][k] for k in points)
         announced, own = by_batch[b][1]
+        phases = {
+            "setup": begin[0] - start[0],
+            "write": staged[0] - begin[0],
+            "wait": done[0] - staged[0],
+            "fleet": written[b] - staged[1],
+            "commit": own,
+            "record": written[b] - announced,
+            "poll": done[1] - written[b],
+        }
         run.batches.append(
-            Batch(
-                b,
-                d["triggerExecution"],
-                d["addBatch"],
-                write_ms=(staged[0] - start[0]) * 1000,
-                wait_ms=(done[0] - staged[0]) * 1000,
-                fleet_ms=(announced - staged[1]) * 1000,
-                commit_ms=own * 1000,
-                poll_ms=(done[1] - announced) * 1000,
-            )
+            Batch(b, d["triggerExecution"], d["addBatch"], {k: v * 1000 for k, v in phases.items()})
         )
     return run
 
@@ -477,7 +545,9 @@ def run(opts: Options, out: TextIO) -> Report:
             redis_url = server.url
         t0 = time.monotonic()
         spark = local_spark_session("bench-streaming", master=opts.master, tmp_dir=work / "spark")
-        spark.sparkContext.setLogLevel("ERROR")
+        # Stopping a query interrupts the batch after the counted ones, whose tasks log their abort
+        # as errors; a real failure surfaces as the query's exception (run_query raises it).
+        spark.sparkContext.setLogLevel("OFF")
         log = ProgressLog()
         add_listener(spark, log)
         out.write(f"session ready in {time.monotonic() - t0:.1f}s\n")
@@ -493,37 +563,37 @@ def run(opts: Options, out: TextIO) -> Report:
             logs = base / f"logs-{store}"
             logs.mkdir()
             with running_fleet(settings, opts.workers, logs) as fleet:
-                sides = ["parquet", "fleet"] + (["fleet-cloud"] if lat and opts.cloud else [])
-                # Warm up: the JIT, the Python workers, the cached clients (not counted).
+                sides = [x for x in opts.sides if lat or x not in MODELLED_ONLY]
                 warm = dataclasses.replace(opts, batches=1, warmup=2)
-                for side in sides:
-                    where = base / f"warm-{side}"
-                    if side == "parquet":
-                        parquet_run(spark, log, store, opts.partitions[0], warm, where)
-                    else:
-                        fleet_run(spark, log, fleet, store, side, opts.partitions[0], warm, where)
+                for side in sides if opts.warm else []:
+                    _one(spark, log, fleet, store, side, opts.partitions[0], warm, base / f"warm-{side}")
                 for p in opts.partitions:
                     if lat:
-                        counted = asyncio.run(count_commit_rounds(settings, p))
-                        report.rounds[p], report.widths[p] = counted.rounds, list(counted.widths)
-                    for side in sides:
-                        where = base / f"{side}-{p}"
-                        if side == "parquet":
-                            r = parquet_run(spark, log, store, p, opts, where)
-                        else:
-                            r = fleet_run(spark, log, fleet, store, side, p, opts, where)
-                        report.runs.append(r)
-                        out.write(_line(r) + "\n")
-                        out.flush()
+                        report.paths[p] = asyncio.run(critical_path(settings, p))
+                    for i in range(opts.rounds):
+                        for side in sides:
+                            r = _one(spark, log, fleet, store, side, p, opts, base / f"{side}-{p}-{i}")
+                            out.write(_line(r) + "\n")
+                            out.flush()
+                            report.add(r)
         print_report(report, out)
         return report
     finally:
         if spark is not None:
             spark.stop()
+            SyncPublisher.close_cached()
         if server is not None:
             server.stop()
         for path in cleanup:
             shutil.rmtree(path, ignore_errors=True)
+
+
+def _one(
+    spark: Any, log: ProgressLog, fleet: BenchFleet, store: str, side: str, p: int, opts: Options, where: Path
+) -> Run:
+    if side == "parquet":
+        return parquet_run(spark, log, store, p, opts, where)
+    return fleet_run(spark, log, fleet, store, side, p, opts, where)
 
 
 def _line(r: Run) -> str:
@@ -534,11 +604,8 @@ def _line(r: Run) -> str:
     )
 
 
-def _ms(values: Sequence[float | None]) -> str:
-    known = [v for v in values if v is not None]
-    if not known:
-        return "-"
-    return f"{statistics.median(known):.0f} / {pct(known, 99):.0f}"
+def _ms(values: Sequence[float]) -> str:
+    return f"{statistics.median(values):.0f} / {pct(values, 99):.0f}" if values else "-"
 
 
 def print_report(report: Report, out: TextIO) -> None:
@@ -546,15 +613,16 @@ def print_report(report: Report, out: TextIO) -> None:
     opts = report.options
     out.write(
         f"\nbatches of {opts.rows} rows per partition, {opts.batches} counted per query after "
-        f"{opts.warmup} warm-up, master {opts.master}, {opts.workers} workers; "
-        f"latency model median {opts.latency_ms:g} ms p99 {opts.p99_ms:g} ms\n"
-        "p50 / p99 in ms; batch = durationMs.triggerExecution, sink = durationMs.addBatch\n\n"
+        f"{opts.warmup} warm-up (x {opts.rounds} interleaved rounds), master {opts.master}, "
+        f"{opts.workers} workers; latency model median {opts.latency_ms:g} ms p99 {opts.p99_ms:g} ms\n"
+        "p50 / p99 in ms; batch = durationMs.triggerExecution, sink = durationMs.addBatch; "
+        "added = side's batch p50 - parquet's; trips = the commit's round trips on its critical path\n\n"
     )
-    head = (
+    out.write(
         "| store | P | side | batch p50 / p99 | sink p50 / p99 | x parquet (p50) | added p50 | "
-        "rounds x latency | added / (rounds x latency) |"
+        "trips x latency | added / (trips x latency) |\n"
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
     )
-    out.write(head + "\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
     for store in opts.stores:
         for p in opts.partitions:
             base = report.run(store, "parquet", p)
@@ -570,38 +638,35 @@ def print_report(report: Report, out: TextIO) -> None:
                     b50 = statistics.median(b.trigger_ms for b in base.batches)
                     added = statistics.median(trig) - b50
                     row += [f"{statistics.median(trig) / b50:.2f}", f"{added:.0f}"]
-                    rounds = report.rounds.get(p)
-                    if store == "latency" and rounds:
-                        floor = rounds * opts.latency_ms
-                        row += [f"{rounds} x {opts.latency_ms:g} = {floor:.0f}", f"{added / floor:.2f}"]
+                    path = report.paths.get(p)
+                    if store == "latency" and path is not None:
+                        floor = path.trips * opts.latency_ms
+                        row += [
+                            f"{path.trips:.1f} x {opts.latency_ms:g} = {floor:.0f}",
+                            f"{added / floor:.2f}",
+                        ]
                     else:
                         row += ["-", "-"]
                 out.write("| " + " | ".join(row) + " |\n")
-    out.write(
-        "\nthe fleet's batches, phases (p50 / p99 ms): write = job opened + Spark write + tasks published; "
-        "wait = JobFinished -> the driver sees every dataset committed; of which fleet = JobFinished -> "
-        "committed announced, commit = the commit's own time (lock held), poll = announced -> seen\n\n"
-    )
-    out.write("| store | P | side | write | wait | fleet | commit | poll |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n")
+    out.write("\nthe fleet's batches, phases (p50 / p99 ms):\n")
+    for name, what in PHASES.items():
+        out.write(f"  {name}: {what}\n")
+    out.write("\n| store | P | side | " + " | ".join(PHASES) + " |\n|" + " --- |" * (3 + len(PHASES)) + "\n")
     for r in report.runs:
         if r.side == "parquet":
             continue
-        bs = r.batches
+        cells = [_ms([b.phases[k] for b in r.batches]) for k in PHASES]
+        out.write(f"| {r.store} | {r.partitions} | {r.side} | " + " | ".join(cells) + " |\n")
+    if report.paths:
         out.write(
-            f"| {r.store} | {r.partitions} | {r.side} | {_ms([b.write_ms for b in bs])} | "
-            f"{_ms([b.wait_ms for b in bs])} | {_ms([b.fleet_ms for b in bs])} | "
-            f"{_ms([b.commit_ms for b in bs])} | {_ms([b.poll_ms for b in bs])} |\n"
+            "\none streaming commit of P files alone, lock to release, the commit core in this process:\n"
         )
-    if report.rounds:
-        model = LatencyModel(opts.latency_ms / 1000, opts.p99_ms / 1000, seed=1)
-        from coordinator.bench import model_p50
-
-        out.write("\ncounted commit rounds (one commit of P files alone, lock to release):\n")
-        for p, rounds in sorted(report.rounds.items()):
-            own = model_p50(model, report.widths[p], draws=5000) * 1000
+        for p, path in sorted(report.paths.items()):
+            floor = path.trips * opts.latency_ms
             out.write(
-                f"  P={p}: {rounds} sequential rounds, widths {report.widths[p]}; the model's own p50 for "
-                f"them {own:.0f} ms = {own / (rounds * opts.latency_ms):.2f} x rounds x latency\n"
+                f"  P={p}: {path.requests} requests in {path.rounds} rounds (widths {path.widths}), "
+                f"{path.trips:.1f} round trips on the critical path; on the model p50 / p99 "
+                f"{_ms(path.core_ms)} ms = {statistics.median(path.core_ms) / floor:.2f} x trips x latency\n"
             )
 
 
@@ -619,6 +684,13 @@ def _stores(text: str) -> tuple[str, ...]:
     return values
 
 
+def _sides(text: str) -> tuple[str, ...]:
+    values = tuple(v.strip() for v in text.split(",") if v.strip())
+    if not values or any(v not in SIDES for v in values):
+        raise argparse.ArgumentTypeError(f"a comma-separated list of {', '.join(SIDES)}")
+    return tuple(v for v in SIDES if v in values)
+
+
 def parse(argv: Sequence[str] | None = None) -> Options:
     """The command line's options."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
@@ -633,10 +705,11 @@ def parse(argv: Sequence[str] | None = None) -> Options:
     parser.add_argument("--workers", type=int, default=d.workers, help="worker processes")
     parser.add_argument("--master", default=d.master, help="Spark master (local[2])")
     parser.add_argument("--redis-url", default="", help="a Redis to use (else a throwaway redis-server)")
-    parser.add_argument("--no-cloud", action="store_true", help="skip fleet-cloud on the latency store")
+    parser.add_argument("--sides", type=_sides, default=d.sides, help=f"any of {','.join(SIDES)}")
+    parser.add_argument("--rounds", type=int, default=d.rounds, help="interleaved runs of each P's sides")
     a = parser.parse_args(argv)
-    if min(a.batches, a.rows, a.workers) < 1 or a.warmup < 0 or a.latency_ms <= 0:
-        parser.error("--batches, --rows, --workers >= 1, --warmup >= 0, --latency-ms > 0")
+    if min(a.batches, a.rows, a.workers, a.rounds) < 1 or a.warmup < 0 or a.latency_ms <= 0:
+        parser.error("--batches, --rows, --workers, --rounds >= 1, --warmup >= 0, --latency-ms > 0")
     return Options(
         batches=a.batches,
         warmup=a.warmup,
@@ -648,7 +721,8 @@ def parse(argv: Sequence[str] | None = None) -> Options:
         workers=a.workers,
         master=a.master,
         redis_url=a.redis_url,
-        cloud=not a.no_cloud,
+        sides=a.sides,
+        rounds=a.rounds,
     )
 
 
