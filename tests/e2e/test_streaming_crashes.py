@@ -1,0 +1,171 @@
+"""The crash matrix of Structured Streaming: a driver SIGKILLed at every crash point, restarted until done.
+
+Marker ``streaming`` (``make streaming``), not in the default run: every run of
+the driver pays for a JVM start (8-10 s here). Each test has its own
+redis-server (``redis_factory``) and fleet (a coordinator and two worker
+processes on a local-files store), so one may flush Redis under its fleet.
+The driver (tests/_support/streaming.py) kills itself at the ``(point, batch)``
+the test names, through ``commit_batches``' probe: the crash points are
+deterministic, and so is every run's sequence of probe points, which the tests
+assert in full. One test is one application: a sequence of runs from one
+checkpoint, each killed at the next point, and a last one that consumes the
+source.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio
+
+from shared.events import Aborted
+from shared.storage import ObjectStore
+from tests._support.redis_server import RedisServer
+from tests._support.spark_fleet import (  # noqa: F401 - the store and fleet fixtures
+    E2EFleet,
+    e2e_store,
+    run_e2e_fleet,
+    settled_fleet,
+)
+from tests._support.streaming import (
+    StreamApp,
+    app_events,
+    assert_exactly_once,
+    batch_of,
+    no_open_work,
+    write_source,
+)
+from tests._support.wait import wait_for
+
+pytestmark = [pytest.mark.streaming, pytest.mark.spark]
+
+
+@pytest.fixture
+def private_redis(redis_factory: Callable[..., RedisServer]) -> RedisServer:
+    return redis_factory()
+
+
+@pytest.fixture
+def e2e(private_redis: RedisServer, tmp_path: Path) -> Iterator[E2EFleet]:
+    """A fleet of this test alone, on its own redis-server."""
+    with run_e2e_fleet(tmp_path / "fleet", private_redis.url, app="stream") as fleet:
+        yield fleet
+
+
+@pytest.fixture
+async def r(e2e: E2EFleet) -> AsyncIterator[redis.asyncio.Redis]:
+    client = redis.asyncio.Redis.from_url(e2e.settings.redis.url)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+def new_app(fleet: E2EFleet, tmp_path: Path, files: int) -> StreamApp:
+    tag = secrets.token_hex(3)
+    return StreamApp(
+        fleet,
+        tmp_path / "app",
+        f"app{tag}",
+        write_source(tmp_path / "source", files),
+        (f"all_{tag}", f"even_{tag}"),
+        table=f"lake.s_{tag}",
+    )
+
+
+def committed(batch: int) -> list[tuple[str, int]]:
+    """The probe points of a batch that commits."""
+    return [("batch.start", batch), ("batch.staged", batch), ("batch.committed", batch)]
+
+
+def skipped(batch: int) -> list[tuple[str, int]]:
+    """The probe points of a batch the store's record already covers."""
+    return [("batch.start", batch), ("batch.skipped", batch)]
+
+
+# Each step: where the run is killed, and every probe point the run reaches (the last is the kill).
+MATRIX: list[tuple[tuple[str, int] | None, list[tuple[str, int]]]] = [
+    # mid-batch after staging, in the batch that creates the table
+    (("batch.staged", 0), committed(0)[:2]),
+    # before anything of batch 1 (the staged job of batch 0 is cancelled, batch 0 committed anew)
+    (("batch.start", 1), [*committed(0), ("batch.start", 1)]),
+    (("batch.staged", 2), [*committed(1), *committed(2)[:2]]),
+    # after the fleet committed batch 3, before Spark's commit log: the next run replays it
+    (("batch.committed", 3), [*committed(2), *committed(3)]),
+    # in the skip path of that replay
+    (("batch.skipped", 3), skipped(3)),
+    (("batch.committed", 5), [*skipped(3), *committed(4), *committed(5)]),
+    (None, [*skipped(5), *committed(6), *committed(7)]),
+]
+
+
+@pytest.mark.timeout(900)
+async def test_a_driver_killed_at_every_crash_point_commits_every_id_exactly_once(
+    fleet: E2EFleet, r: redis.asyncio.Redis, store: ObjectStore, tmp_path: Path
+) -> None:
+    app = new_app(fleet, tmp_path, files=8)
+    for kill_at, trace in MATRIX:
+        run = await app.run(kill_at=kill_at)
+        if kill_at is None:
+            run.assert_completed()
+        else:
+            run.assert_killed_at(*kill_at)
+        assert run.trace == trace, run.describe()
+    runs = app.runs
+    assert {run.query for run in runs} == {runs[0].query}, "one query, restarted from its checkpoint"
+    # What the replays returned to Spark: a skipped batch names the job that committed it.
+    assert [(o.batch, o.skipped) for o in runs[-1].outcomes] == [(5, True), (6, False), (7, False)]
+    assert [(o.batch, o.skipped) for o in runs[-2].outcomes] == [(3, True), (4, False)]
+    commits = await assert_exactly_once(app, store, r, query=runs[0].query)
+    job_of = {c.batch: c.job for c in commits[app.datasets[0]]}
+    assert runs[-1].outcomes[0].job == job_of[5] and runs[-2].outcomes[0].job == job_of[3]
+
+    # The runs killed after staging left a job open: the next run cancelled it, the fleet rolled
+    # it back (both datasets), and nothing else of the app was ever aborted.
+    aborted = [e for e in await app_events(r, fleet, app.app_id) if isinstance(e, Aborted)]
+    by_job: dict[str, set[str]] = {}
+    for e in aborted:
+        by_job.setdefault(e.job, set()).add(e.dataset)
+        assert e.reason.startswith("cancelled"), e
+    assert sorted(batch_of(app.app_id, j) or -1 for j in by_job) == [0, 2], aborted
+    assert all(ds == set(app.datasets) for ds in by_job.values()), aborted
+
+
+def _flushall(url: str) -> Any:
+    client = redis.Redis.from_url(url)
+    try:
+        return client.flushall()
+    finally:
+        client.close()
+
+
+@pytest.mark.timeout(600)
+async def test_redis_flushed_between_a_crash_after_the_commit_and_the_restart_the_store_record_decides(
+    fleet: E2EFleet,
+    r: redis.asyncio.Redis,
+    store: ObjectStore,
+    tmp_path: Path,
+    private_redis: RedisServer,
+) -> None:
+    app = new_app(fleet, tmp_path, files=3)
+    first = await app.run(kill_at=("batch.committed", 1))
+    first.assert_killed_at("batch.committed", 1)
+    assert first.trace == [*committed(0), *committed(1)], first.describe()
+    await wait_for(lambda: no_open_work(store, app), timeout=60, what="batch 1's commit finished")
+    assert await r.exists(f"{fleet.keys.prefix}stream:{app.app_id}")  # FIXME key name after merge
+
+    # Everything Redis knew is gone: the app's run record, the job's result records, the streams.
+    assert _flushall(private_redis.url)
+    assert await r.dbsize() == 0
+
+    # The replay of batch 1 is skipped on the store's record alone; batch 2 commits.
+    second = await app.run()
+    second.assert_completed()
+    assert second.trace == [*skipped(1), *committed(2)], second.describe()
+    assert [(o.batch, o.skipped) for o in second.outcomes] == [(1, True), (2, False)]
+    await assert_exactly_once(app, store, r, query=first.query, announced_from=2)
