@@ -32,6 +32,7 @@ from shared.events import (
     LockTakenOver,
     Quarantined,
     RecoveryDone,
+    StreamBatch,
     lock_name,
 )
 from shared.locks import HeldLease, StorageLock
@@ -120,6 +121,7 @@ class Actions:
                 for a in winners
             ],
             expected_tasks=len(winners),
+            stream=self._stream_of(work.job),
         )
         files = sum(len(a.files) for a in winners)
         size = sum(f.size for a in winners for f in a.files)
@@ -143,6 +145,11 @@ class Actions:
             await self.after_commit(result, lease.epoch)
 
         await self.locked(work.dataset, body)
+
+    def _stream_of(self, job: str) -> StreamBatch | None:
+        """The micro-batch a streaming job commits (its ``job_started``), else None."""
+        meta = self._ledger.state.jobs.get(job)
+        return None if meta is None else meta.stream
 
     def _table_steps(self, req: CommitRequest) -> list[CommitToTable]:
         """The table step of a bound dataset (the job's binding, else the fleet's), else none."""
@@ -194,6 +201,14 @@ class Actions:
                 epoch=epoch,
                 phases=result.phase_seconds,
             )
+        elif result.status == "refused":
+            # A streaming batch the dataset already holds: rolled back like an abort (docs/streaming.md).
+            status = "aborted"
+            reason = result.refused or "stream: refused"
+            log.warning(
+                "streaming batch refused", extra=kv(dataset=result.dataset, job=result.job, reason=reason)
+            )
+            await announce_aborted(ctx, result.dataset, result.job, reason, result.files_deleted)
         elif result.status == "quarantined":
             status = "quarantined"
             ctx.counters.add("quarantined")

@@ -14,7 +14,15 @@ from ._catalog import CommitToTable, resolve_binding, table_step
 from ._catalog_ops import DATASET_PROPERTY, JOB_PROPERTY, catalog_properties, load_table, open_catalog
 from ._commit import commit_dataset, execute_sequence, recover_dataset
 from ._errors import CommitStepFailed
-from ._model import CommitRequest, Manifest, ManifestFile, StagedFile, WatermarksDoc, WinningAttempt
+from ._model import (
+    CommitRequest,
+    Manifest,
+    ManifestFile,
+    StagedFile,
+    StreamRecord,
+    WatermarksDoc,
+    WinningAttempt,
+)
 from ._operator import retry_quarantined, skip_quarantined
 from ._plan import plan_commit
 from ._progress import describe_step
@@ -30,14 +38,17 @@ from ._steps import (
     WriteManifest,
     read_manifest,
 )
+from ._stream_gate import REFUSED_PREFIX, stream_verdict
+from ._stream_records import list_stream_datasets, read_stream_records, reset_stream
 from ._survey import UnfinishedSequence, list_unfinished
 from ._wal import CommitSequence, decode_sequence, encode_sequence, read_sequence
-from ._watermarks import AdvanceWatermarks, merge_watermarks, read_watermarks
+from ._watermarks import AdvanceWatermarks, StreamMark, merge_watermarks, read_watermarks, read_watermarks_doc
 
 __all__ = [
     "for_each_bounded",
     "DATASET_PROPERTY",
     "DEFAULT_REGISTRY",
+    "REFUSED_PREFIX",
     "JOB_PROPERTY",
     "AbortResult",
     "AdvanceWatermarks",
@@ -60,6 +71,8 @@ __all__ = [
     "StagedFile",
     "StepContext",
     "StepRegistry",
+    "StreamMark",
+    "StreamRecord",
     "UnfinishedSequence",
     "ViolationKind",
     "WatermarksDoc",
@@ -74,6 +87,7 @@ __all__ = [
     "describe_step",
     "encode_sequence",
     "execute_sequence",
+    "list_stream_datasets",
     "list_unfinished",
     "load_table",
     "merge_watermarks",
@@ -81,11 +95,15 @@ __all__ = [
     "plan_commit",
     "read_manifest",
     "read_sequence",
+    "read_stream_records",
     "read_watermarks",
+    "read_watermarks_doc",
     "recover_dataset",
     "register_step_kind",
+    "reset_stream",
     "resolve_binding",
     "retry_quarantined",
     "skip_quarantined",
+    "stream_verdict",
     "table_step",
 ]

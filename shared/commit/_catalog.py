@@ -29,9 +29,18 @@ from collections.abc import Callable, Mapping
 from typing import ClassVar, TypeVar
 
 from .._errors import CommitfleetError
-from ..events import TableBinding, published_key
+from ..events import StreamBatch, TableBinding, published_key
 from ..settings import Settings, TableMode
-from ._catalog_ops import classify, commit_files, job_snapshot, load_table, open_catalog
+from ._catalog_ops import (
+    STREAM_APP_PROPERTY,
+    STREAM_BATCH_PROPERTY,
+    STREAM_QUERY_PROPERTY,
+    classify,
+    commit_files,
+    job_snapshot,
+    load_table,
+    open_catalog,
+)
 from ._model import CommitRequest
 from ._steps import CommitStep, Phase, StepContext
 
@@ -80,6 +89,17 @@ class CommitToTable(CommitStep, frozen=True, kw_only=True, tag="table"):
     table: str
     mode: TableMode = "append"
     files: list[str]
+    stream: StreamBatch | None = None
+
+    def summary(self) -> dict[str, str]:
+        """Return the snapshot summary properties this step adds besides the job's (a streaming batch's)."""
+        if self.stream is None:
+            return {}
+        return {
+            STREAM_APP_PROPERTY: self.stream.app_id,
+            STREAM_BATCH_PROPERTY: str(self.stream.batch),
+            STREAM_QUERY_PROPERTY: self.stream.query,
+        }
 
     def uris(self, store_url: str) -> list[str]:
         """Return the files' full URIs under the store root ``store_url``."""
@@ -126,7 +146,14 @@ class CommitToTable(CommitStep, frozen=True, kw_only=True, tag="table"):
             cat = open_catalog(settings, url)
             ctx.probe("table.commit")
             landed = commit_files(
-                cat, self.table, self.mode, self.dataset, self.job, self.uris(url), ctx.lease.check
+                cat,
+                self.table,
+                self.mode,
+                self.dataset,
+                self.job,
+                self.uris(url),
+                ctx.lease.check,
+                self.summary(),
             )
             ctx.probe("table.committed")
             return landed
@@ -153,7 +180,12 @@ def table_step(req: CommitRequest, binding: TableBinding) -> CommitToTable:
         if f.path.endswith(PARQUET_SUFFIX)
     ]
     return CommitToTable(
-        dataset=req.dataset, job=req.job, table=binding.table, mode=binding.mode, files=files
+        dataset=req.dataset,
+        job=req.job,
+        table=binding.table,
+        mode=binding.mode,
+        files=files,
+        stream=req.stream,
     )
 
 

@@ -33,6 +33,10 @@ if TYPE_CHECKING:
 
 JOB_PROPERTY = "commitfleet.job"
 DATASET_PROPERTY = "commitfleet.dataset"
+# A streaming job's micro-batch, in its snapshot's summary (docs/streaming.md).
+STREAM_APP_PROPERTY = "commitfleet.stream.app"
+STREAM_BATCH_PROPERTY = "commitfleet.stream.batch"
+STREAM_QUERY_PROPERTY = "commitfleet.stream.query"
 
 _catalogs: dict[bytes, Catalog] = {}
 _catalogs_lock = threading.Lock()
@@ -162,11 +166,13 @@ def commit_files(
     job: str,
     paths: Sequence[str],
     check: Callable[[], None],
+    extra_properties: dict[str, str] | None = None,
 ) -> bool:
     """Make the job's snapshot exist: check, then one optimistic transaction based on what was read.
 
     ``paths`` are the published Parquet files' full URIs; ``check`` is called
-    just before the commit (the lease). Blocking.
+    just before the commit (the lease); ``extra_properties`` go into the
+    snapshot's summary too (a streaming batch's). Blocking.
 
     Returns:
         True when this call committed the snapshot, False when it was there
@@ -181,7 +187,7 @@ def commit_files(
     """
     from pyiceberg.exceptions import CommitFailedException, NoSuchNamespaceError
 
-    props = {JOB_PROPERTY: job, DATASET_PROPERTY: dataset}
+    props = {**(extra_properties or {}), JOB_PROPERTY: job, DATASET_PROPERTY: dataset}
     ident = split_identifier(table)
     tbl = load_table(cat, table)
     if tbl is not None and job_snapshot(tbl, dataset, job) is not None:
@@ -254,6 +260,9 @@ def classify(exc: Exception, what: str) -> Exception:
 __all__ = [
     "DATASET_PROPERTY",
     "JOB_PROPERTY",
+    "STREAM_APP_PROPERTY",
+    "STREAM_BATCH_PROPERTY",
+    "STREAM_QUERY_PROPERTY",
     "catalog_properties",
     "classify",
     "commit_files",

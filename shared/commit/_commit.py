@@ -8,6 +8,9 @@
    every other unfinished sequence of the dataset, oldest first. A
    quarantined or unreadable one blocks the dataset (``blocked``). Skipped
    when the survey found no log (the usual case).
+   **2b. The stream gate** (:mod:`._stream_gate`): a streaming job's
+   micro-batch that the dataset's record already covers is ``refused`` (its
+   staged files deleted); one read, only for streaming jobs.
 3. **Claim or create the log** (:class:`~._wal.WalLog`): this job's log,
    found in the survey, is re-read and claimed with our epoch (its steps win:
    ``recovered``); else the manifest is read when it may exist (the job is
@@ -31,20 +34,23 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 
 import msgspec
 
+from ..events import staging_prefix
 from ..locks import Lease
 from ..settings import Settings
 from ..storage import ObjectInfo, ObjectStore
-from ._bounded import commit_policy
+from ._bounded import commit_policy, with_retry
 from ._errors import CommitStepFailed
 from ._execute import run_steps
 from ._model import CommitRequest, Manifest
 from ._plan import plan_commit
 from ._registry import StepRegistry
 from ._results import CommitResult, CommitStatus, RecoveryResult
-from ._steps import CommitProbe, CommitStep, StepContext, no_probe, read_manifest
+from ._steps import CommitProbe, CommitStep, StepContext, delete_prefixes, no_probe, read_manifest
+from ._stream_gate import check_stream
 from ._survey import Survey, list_unfinished, survey
 from ._wal import CommitSequence, Wal, WalLog
 
@@ -66,7 +72,7 @@ async def commit_dataset(
     ``probe`` is called at the points a test may hook into (see :data:`CommitProbe`).
 
     Returns:
-        ``committed``, ``quarantined`` or ``blocked`` (see :class:`CommitResult`).
+        ``committed``, ``quarantined``, ``blocked`` or ``refused`` (see :class:`CommitResult`).
 
     Raises:
         BadInput: the request is inconsistent (see :func:`plan_commit`).
@@ -104,6 +110,11 @@ async def commit_dataset(
             return blocked(recovery.blocked_by, recovery.reason)
 
     try:
+        # 2b. A streaming job's batch that the dataset already holds is refused (no log of its own yet).
+        if req.stream is not None and not any(u.job == req.job for u in found.unfinished):
+            refused = await pipe.stream_gate(req)
+            if refused is not None:
+                return finish(refused)
         # 3. Claim or create the log (or find the job committed).
         held = await pipe.claim_or_create(req, found, extra_steps)
         if isinstance(held, Manifest):
@@ -180,6 +191,29 @@ class Pipeline:
                     dataset=dataset, results=results, blocked_by=u.job, reason=res.quarantined
                 )
         return RecoveryResult(dataset=dataset, results=results)
+
+    async def stream_gate(self, req: CommitRequest) -> CommitResult | None:
+        """Stage 2b: refuse a streaming job's batch the dataset's record covers; None to go on.
+
+        A refusal deletes the job's staged files for the dataset (as an abort does).
+
+        Raises:
+            CommitStepFailed: the watermarks document is unreadable.
+            LockLost / TransientError: as the abort's clean-up.
+        """
+        assert req.stream is not None
+        reason = await with_retry(
+            partial(check_stream, self.store, req.dataset, req.stream, req.job), self.policy
+        )
+        if reason is None:
+            return None
+        self.lease.check()
+        deleted = await with_retry(
+            partial(delete_prefixes, self.ctx, [staging_prefix(req.job, req.dataset)]), self.policy
+        )
+        return CommitResult(
+            dataset=req.dataset, job=req.job, status="refused", refused=reason, files_deleted=deleted
+        )
 
     async def claim_or_create(
         self, req: CommitRequest, found: Survey, extra_steps: Sequence[CommitStep]

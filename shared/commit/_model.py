@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import msgspec
 
-from ..events import StagedFile
+from ..events import StagedFile, StreamBatch
 
 FORMAT_VERSION = 1
 """Version of the manifest, watermarks and write-ahead-log documents written here."""
@@ -39,6 +39,8 @@ class CommitRequest(msgspec.Struct, frozen=True, kw_only=True):
     job: str
     winners: list[WinningAttempt]
     expected_tasks: int
+    stream: StreamBatch | None = None
+    """The micro-batch a streaming job commits: recorded with the watermarks, checked under the lock."""
 
 
 class ManifestFile(msgspec.Struct, frozen=True, kw_only=True):
@@ -82,9 +84,23 @@ class Manifest(msgspec.Struct, frozen=True, kw_only=True):
         )
 
 
+class StreamRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """The last micro-batch of one streaming app committed to a dataset (docs/streaming.md).
+
+    ``query`` is the Spark query id that committed it, ``job`` the job that did.
+    """
+
+    batch: int
+    query: str
+    job: str
+    at: float = 0.0
+
+
 class WatermarksDoc(msgspec.Struct, frozen=True, kw_only=True):
     """``_state/<dataset>/watermarks.json``: the highest committed source positions.
 
+    ``streams`` holds, per streaming app id, the last micro-batch committed
+    (written by the same compare-and-swap as the values, in the same commit).
     ``nonce`` changes on every write so that stores whose version is a content
     hash (S3 ETag) still see a new version.
     """
@@ -94,6 +110,7 @@ class WatermarksDoc(msgspec.Struct, frozen=True, kw_only=True):
     values: dict[str, int]
     updated_at: float
     nonce: str
+    streams: dict[str, StreamRecord] = msgspec.field(default_factory=dict)
 
 
 __all__ = [
@@ -102,6 +119,7 @@ __all__ = [
     "Manifest",
     "ManifestFile",
     "StagedFile",
+    "StreamRecord",
     "WatermarksDoc",
     "WinningAttempt",
 ]

@@ -11,7 +11,7 @@ from ._model import CommitRequest, ManifestFile
 from ._publish import PublishFile
 from ._steps import PHASES, Cleanup, CommitStep, WriteManifest
 from ._wal import CommitSequence
-from ._watermarks import AdvanceWatermarks, merge_watermarks
+from ._watermarks import AdvanceWatermarks, StreamMark, merge_watermarks
 
 
 def _check_winners(req: CommitRequest) -> None:
@@ -44,7 +44,8 @@ def plan_commit(
     Steps, in execution order: one :class:`PublishFile` per winning file
     (``_staging/<job>/<dataset>/<task>-<attempt>/<path>`` ->
     ``<dataset>/<dir>/<job>~<task:05d>-<name>``), :class:`AdvanceWatermarks`
-    with the per-key maximum over the winners (omitted when there are none),
+    with the per-key maximum over the winners and the request's stream mark
+    (omitted when there are neither),
     ``extra_steps`` placed by their phase (custom kinds, usually ``apply``),
     :class:`WriteManifest`, and one :class:`Cleanup` of the job's staging
     folder for the dataset (which also removes every losing attempt).
@@ -75,8 +76,13 @@ def plan_commit(
 
     by_phase: dict[str, list[CommitStep]] = {p: [] for p in PHASES}
     by_phase["publish"] = publishes
-    if watermarks:
-        by_phase["apply"].append(AdvanceWatermarks(dataset=req.dataset, values=watermarks))
+    created = time.time() if now is None else now
+    mark = None
+    if req.stream is not None:
+        s = req.stream
+        mark = StreamMark(app_id=s.app_id, batch=s.batch, query=s.query, job=req.job, at=created)
+    if watermarks or mark is not None:
+        by_phase["apply"].append(AdvanceWatermarks(dataset=req.dataset, values=watermarks, stream=mark))
     by_phase["manifest"].append(
         WriteManifest(dataset=req.dataset, job=req.job, files=files, watermarks=watermarks, epoch=epoch)
     )
@@ -91,8 +97,8 @@ def plan_commit(
         job=req.job,
         epoch=epoch,
         steps=[s for p in PHASES for s in by_phase[p]],
-        created_at=time.time() if now is None else now,
-        updated_at=time.time() if now is None else now,
+        created_at=created,
+        updated_at=created,
     )
 
 

@@ -6,7 +6,7 @@ from typing import Literal
 
 import msgspec
 
-CommitStatus = Literal["committed", "quarantined", "blocked"]
+CommitStatus = Literal["committed", "quarantined", "blocked", "refused"]
 
 
 class CommitResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -23,6 +23,10 @@ class CommitResult(msgspec.Struct, frozen=True, kw_only=True):
       job, or this job itself) was already quarantined, or its log is
       unreadable, so nothing ran; ``quarantined`` holds that reason. It was
       reported when it was quarantined; this call adds nothing new.
+    - ``refused``: a streaming job's micro-batch that the dataset's stream
+      record already covers (``refused`` says why, see ``_stream_gate``);
+      the job's staged files for the dataset were deleted
+      (``files_deleted``) and nothing else was written.
 
     ``steps_redone`` counts the steps that were found not done and executed;
     ``phase_seconds`` times each phase that ran;
@@ -45,6 +49,8 @@ class CommitResult(msgspec.Struct, frozen=True, kw_only=True):
     attempts: int = 0
     quarantined: str | None = None
     blocked_by: str | None = None
+    refused: str | None = None
+    files_deleted: int = 0
     recovered_jobs: list[str] = msgspec.field(default_factory=list)
     earlier: list[CommitResult] = msgspec.field(default_factory=list)
     phase_seconds: dict[str, float] = msgspec.field(default_factory=dict)

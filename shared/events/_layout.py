@@ -209,6 +209,11 @@ def wal_key(dataset: str, job: str) -> str:
     return f"{wal_prefix(dataset)}{check_job(job)}.json"
 
 
+def state_prefix() -> str:
+    """Return ``_state/``: every dataset's watermarks document is under it."""
+    return f"{STATE}/"
+
+
 def watermarks_key(dataset: str) -> str:
     """Return ``_state/<dataset>/watermarks.json``."""
     return f"{STATE}/{check_dataset_segment(dataset)}/watermarks.json"

@@ -133,6 +133,37 @@ class TableBinding(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
     mode: TableMode = "append"
 
 
+STREAM_APP_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+"""Streaming application ids: short enough that ``<app_id>-b<batch>-<8 hex>`` is a job id."""
+
+
+class StreamBatch(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """The micro-batch a streaming job commits (``shared.spark.commit_batches``; docs/streaming.md).
+
+    The fleet records ``(app_id, batch, query)`` in each dataset's watermarks
+    document in the same commit as the data, and refuses, under the dataset's
+    lock, a commit of a batch the record already covers.
+    """
+
+    app_id: Annotated[
+        str,
+        msgspec.Meta(
+            pattern=STREAM_APP_PATTERN,
+            description="The streaming application's id (stable across query restarts).",
+        ),
+    ]
+    batch: Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX, description="Spark's micro-batch id.")]
+    query: Annotated[
+        str,
+        msgspec.Meta(
+            min_length=1,
+            max_length=64,
+            description="The streaming query's id (Spark's query.id, stable across restarts "
+            "from one checkpoint).",
+        ),
+    ]
+
+
 class _QueueEvent(
     msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True, tag_field="type", gc=False
 ):
@@ -151,6 +182,10 @@ class JobStarted(_QueueEvent, frozen=True, kw_only=True, tag="job_started"):
         dict[DatasetName, TableBinding],
         msgspec.Meta(description="Datasets bound to Iceberg tables (each a declared dataset)."),
     ] = {}
+    stream: Annotated[
+        StreamBatch | None,
+        msgspec.Meta(description="Set when the job commits one micro-batch of a streaming query."),
+    ] = None
 
 
 class TaskFinished(_QueueEvent, frozen=True, kw_only=True, tag="task_finished"):

@@ -44,6 +44,14 @@ from ._operator_requests import (
 )
 from ._publisher import AsyncPublisher, SyncPublisher, plan_entries, retry_sync
 from ._routing import group_by_shard, shard_of, split_by_shard
+from ._stream_runs import (
+    StreamRun,
+    delete_stream_run,
+    read_stream_run,
+    read_stream_run_sync,
+    stream_run_key,
+    write_stream_run_sync,
+)
 
 __all__ = [
     "Outcome",
@@ -101,6 +109,12 @@ __all__ = [
     "read_dead_letters",
     "read_fleet_meta",
     "redis_errors",
+    "StreamRun",
+    "delete_stream_run",
+    "read_stream_run",
+    "read_stream_run_sync",
+    "stream_run_key",
+    "write_stream_run_sync",
     "shard_of",
     "split_by_shard",
 ]

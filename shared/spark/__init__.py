@@ -11,10 +11,18 @@ from ._job import JobCancelledError, JobContext, commit_job, new_job_id
 from ._outcome import JobNotCommitted, OutcomeForgotten, OutcomeTimeout, wait_for_outcome
 from ._pack import Pack, build_pack
 from ._session import local_spark_session
+from ._stream import BatchCommitter, BatchJob, BatchOutcome, BatchProbe, commit_batches
+from ._stream_plan import StreamConflict
 from ._winners import TaskResult
 from ._writer import InjectedTaskFailure, WatermarkFn, Watermarks, max_watermark
 
 __all__ = [
+    "BatchCommitter",
+    "BatchJob",
+    "BatchOutcome",
+    "BatchProbe",
+    "StreamConflict",
+    "commit_batches",
     "Pack",
     "build_pack",
     "DatasetResult",

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from ..events import DatasetExpectation, JobFailed, JobFinished, QueueEvent
 from ..queue import DatasetResult, JobOutcome, retry_sync
 from ._config import ProducerConfig
-from ._outcome import ended_first, read_outcome, wait_for_outcome
+from ._outcome import POLL_MAX_S, POLL_MIN_S, ended_first, read_outcome, wait_for_outcome
 from ._publishing import publisher_for
 
 log = logging.getLogger("shared.spark._job")
@@ -92,14 +92,14 @@ class JobEnd:
         with self._lock:
             self._finishing = True
 
-    def wait(self, timeout: float) -> None:
+    def wait(self, timeout: float, poll: tuple[float, float] = (POLL_MIN_S, POLL_MAX_S)) -> None:
         """Wait up to ``timeout`` seconds for the fleet's outcome of each dataset; keep it as :attr:`results`.
 
         Raises:
             JobNotCommitted, OutcomeTimeout, OutcomeForgotten: see
                 :func:`~._outcome.wait_for_outcome`.
         """
-        results = wait_for_outcome(self._config, self._job_id, self._datasets, timeout)
+        results = wait_for_outcome(self._config, self._job_id, self._datasets, timeout, poll=poll)
         with self._lock:
             self._results = results
 

@@ -39,6 +39,7 @@ from ..events import (
     JobFailed,
     JobStarted,
     QueueEvent,
+    StreamBatch,
     TableBinding,
     check_job,
 )
@@ -46,7 +47,7 @@ from ..queue import DatasetResult
 from ._config import ProducerConfig
 from ._finish import JobEnd
 from ._names import check_datasets, new_job_id, reason_text
-from ._outcome import Heartbeat
+from ._outcome import POLL_MAX_S, POLL_MIN_S, STREAM_POLL_MAX_S, STREAM_POLL_MIN_S, Heartbeat
 from ._partitions import check_partition_columns
 from ._preflight import run_preflight
 from ._publishing import publish, resolve_shards
@@ -322,6 +323,7 @@ def commit_job(
     *,
     config: ProducerConfig,
     wait: bool | None = None,
+    stream: StreamBatch | None = None,
 ) -> Iterator[JobContext]:
     """Open a commitfleet job around Spark actions; see the module docstring.
 
@@ -331,7 +333,9 @@ def commit_job(
     the fleet. ``wait`` (default ``config.wait``, True) makes a clean exit
     wait up to ``config.wait_timeout`` seconds for the fleet's outcome of
     every dataset, available afterwards as :attr:`JobContext.results`;
-    ``wait=False`` returns once ``JobFinished`` is published.
+    ``wait=False`` returns once ``JobFinished`` is published. ``stream`` is
+    set by :func:`~shared.spark.commit_batches` only: the micro-batch the job
+    commits (``JobStarted.stream``; the driver then polls in short steps).
 
     Yields:
         The :class:`JobContext` to write datasets through.
@@ -371,6 +375,7 @@ def commit_job(
         timeout_s=resolved.job_timeout,
         started_at=time.time(),
         app=resolved.app,
+        stream=stream,
     )
     ctx._publish(ctx._started)
     heartbeat = Heartbeat(resolved, job, names, on_beat=ctx._end.on_beat)
@@ -392,7 +397,8 @@ def commit_job(
         # when publishing fails, and a JobFailed after it would split the job.
         ctx._end.publish_finished(ctx.expectations)
         if resolved.wait if wait is None else wait:
-            ctx._end.wait(resolved.wait_timeout)
+            poll = (STREAM_POLL_MIN_S, STREAM_POLL_MAX_S) if stream is not None else (POLL_MIN_S, POLL_MAX_S)
+            ctx._end.wait(resolved.wait_timeout, poll)
     finally:
         heartbeat.stop()
         ctx._restore_group_properties(saved)

@@ -32,6 +32,10 @@ log = logging.getLogger(__name__)
 
 POLL_MIN_S = 0.05
 POLL_MAX_S = 0.5
+# A streaming batch's driver waits in short polls: the batch's latency is the
+# query's, and one read per 10-50 ms of one driver is nothing to Redis.
+STREAM_POLL_MIN_S = 0.01
+STREAM_POLL_MAX_S = 0.05
 
 
 class JobNotCommitted(CommitfleetError):
@@ -137,13 +141,14 @@ def wait_for_outcome(
     *,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    poll: tuple[float, float] = (POLL_MIN_S, POLL_MAX_S),
 ) -> dict[str, DatasetResult]:
     """Block until every dataset of ``job`` has a result; return them when all committed.
 
-    Polls the result records (one pipelined round trip per poll, every 50 ms
-    growing to 500 ms), so it returns at most about half a second after the
-    last dataset's record is written. A Redis error is retried until the
-    deadline.
+    Polls the result records (one pipelined round trip per poll, every
+    ``poll[0]`` seconds growing to ``poll[1]``: 50 ms to 500 ms by default), so
+    it returns at most about ``poll[1]`` after the last dataset's record is
+    written. A Redis error is retried until the deadline.
 
     Returns:
         dataset -> result (files, bytes, manifest key), every one committed.
@@ -157,7 +162,7 @@ def wait_for_outcome(
         OutcomeTimeout: ``timeout`` passed with datasets still unanswered.
     """
     start = clock()
-    delay = POLL_MIN_S
+    delay, delay_max = poll
     outcome: JobOutcome | None = None
     while True:
         try:
@@ -172,7 +177,7 @@ def wait_for_outcome(
             known = dict(outcome.results) if outcome is not None else {}
             raise OutcomeTimeout(job, missing, waited, known)
         sleep(min(delay, max(0.0, timeout - waited)))
-        delay = min(delay * 1.5, POLL_MAX_S)
+        delay = min(delay * 1.5, delay_max)
 
 
 class Heartbeat:
@@ -252,6 +257,8 @@ class Heartbeat:
 
 
 __all__ = [
+    "STREAM_POLL_MAX_S",
+    "STREAM_POLL_MIN_S",
     "Heartbeat",
     "JobNotCommitted",
     "OutcomeTimeout",

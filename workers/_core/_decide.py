@@ -68,8 +68,11 @@ def decide(state: ShardJobs, ev: QueueEvent, *, now: float, default_timeout: flo
     if isinstance(ev, JobStarted):
         if meta is None:
             opened = _open_job(ev.job, ev.datasets, now, ev.timeout_s, ev.app)
-            return Decision(job=msgspec.structs.replace(opened, tables=dict(ev.tables)))
+            return Decision(job=msgspec.structs.replace(opened, tables=dict(ev.tables), stream=ev.stream))
         new = _with_datasets(meta, ev.datasets)
+        if new.stream is None and ev.stream is not None:
+            # A task's report opened the job first: the start still says which batch it commits.
+            new = msgspec.structs.replace(new, stream=ev.stream)
         if ev.tables.keys() - new.tables.keys():
             # A start after a task's report, or a producer binding a dataset as it writes it
             # (a repeated job_started): new bindings are added, a dataset's first one stays.

@@ -28,6 +28,7 @@ from shared.events import (
     DatasetExpectation,
     RejectReason,
     StagedFile,
+    StreamBatch,
     TableBinding,
 )
 
@@ -86,6 +87,8 @@ class JobMeta(msgspec.Struct, frozen=True, kw_only=True):
     app: str = ""
     # Datasets bound to Iceberg tables by the producer (job_started); see docs/tables.md.
     tables: dict[str, TableBinding] = msgspec.field(default_factory=dict)
+    # The micro-batch a streaming job commits (job_started); see docs/streaming.md.
+    stream: StreamBatch | None = None
 
     @property
     def timeout_s(self) -> float:
