@@ -1,4 +1,4 @@
-"""Structured Streaming end to end: a file source, the driver script, its runs from one checkpoint, the checks.
+"""Structured Streaming end to end: a file source, the driver script, its runs from a checkpoint, the checks.
 
 tests/e2e/test_streaming.py (the fast cases) and tests/e2e/test_streaming_crashes.py
 (the crash matrix, marker ``streaming``) run real streaming queries through a
@@ -22,7 +22,7 @@ a local-files store):
   :meth:`StreamApp.run` starts the driver from that checkpoint, waits for it to end
   and then ends whatever it left (the JVM, Python workers: found by a marker in
   their environment, killed by pid) before the next run may start;
-- the readers (:func:`published_batches`, :func:`stream_records`,
+- the readers (:func:`published_batches`,
   :func:`table_snapshots`) and :func:`assert_exactly_once` check the outcome: one
   manifest per (batch, dataset), batch *k*'s published rows are file *k*'s, every
   id once in the files and in the table, one snapshot per batch, the stream
@@ -51,15 +51,15 @@ import msgspec
 import pyarrow.parquet as pq
 import redis.asyncio
 
-from shared.commit import JOB_PROPERTY, audit, load_table, open_catalog, read_manifest
-from shared.events import Aborted, AdminEvent, Committed, watermarks_key
+from shared.commit import JOB_PROPERTY, audit, load_table, open_catalog, read_manifest, read_stream_records
+from shared.events import Aborted, AdminEvent, Committed
+from shared.fleet import FleetRegistry
 from shared.settings import Settings, secret_enc_hook
-from shared import NotFound
 from shared.storage import ObjectStore
 from tests._support.cli import cli_env
 from tests._support.demo_processes import MARKER_VAR, kill_all, marked_processes
 from tests._support.fleet_checks import admin_events, nothing_under
-from tests._support.spark_fleet import E2EFleet, md5
+from tests._support.spark_fleet import SHARDS, WORKERS, E2EFleet, md5
 from tests._support.wait import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -135,9 +135,10 @@ class BatchLine(msgspec.Struct, frozen=True):
     """What ``BatchCommitter.last`` said after a batch returned to Spark (the driver's outcomes file)."""
 
     batch: int
-    job: str | None
+    job: str | None  # None when skipped
     skipped: bool
     results: dict[str, str]  # dataset -> status
+    manifests: dict[str, str]  # dataset -> the manifest's key (of the job that committed the batch)
 
 
 @dataclass
@@ -342,16 +343,6 @@ async def published_batches(store: ObjectStore, dataset: str, app_id: str) -> li
     return sorted(out, key=lambda c: (c.batch, c.job))
 
 
-async def stream_records(store: ObjectStore, dataset: str) -> dict[str, dict[str, Any]]:
-    """The dataset's stream records (the ``streams`` field of its watermarks document), {} when none."""
-    try:
-        doc = json.loads((await store.read(watermarks_key(dataset))).data)
-    except NotFound:
-        return {}
-    streams: dict[str, dict[str, Any]] = doc.get("streams") or {}
-    return streams
-
-
 def table_snapshots(settings: Settings, table: str) -> list[dict[str, str]]:
     """The summaries of the table's snapshots, oldest first."""
     tbl = load_table(open_catalog(settings, settings.store.url), table)
@@ -373,6 +364,21 @@ async def app_events(r: redis.asyncio.Redis, fleet: E2EFleet, app_id: str) -> li
         for e in await admin_events(r, fleet.settings.fleet.name)
         if isinstance(e, Committed | Aborted) and batch_of(app_id, e.job) is not None
     ]
+
+
+async def fleet_settled(fleet: E2EFleet, r: redis.asyncio.Redis) -> bool:
+    """True when both workers own every shard, none moving, their tokens in place (as the ``fleet``
+    fixture of spark_fleet waits for); a fleet process that exited fails the test."""
+    for p in fleet.procs:
+        assert p.proc.poll() is None or p.proc.returncode == 0, f"{p.name} exited with {p.proc.returncode}"
+    registry = FleetRegistry(r, fleet.keys)
+    a = await registry.assignment(SHARDS)
+    if set(a.owners()) != WORKERS or any(s.owner not in WORKERS or s.moving_to for s in a.slots):
+        return False
+    tokens = await registry.owner_tokens(SHARDS)
+    return all(
+        t is not None and t.decode().split("@")[0] == s.owner for s, t in zip(a.slots, tokens, strict=True)
+    )
 
 
 async def no_open_work(store: ObjectStore, app: StreamApp) -> bool:
@@ -419,9 +425,9 @@ async def assert_exactly_once(
             assert sorted(c.ids) == keep(app.source.files[c.batch]), f"{ds} batch {c.batch}: {c.ids}"
         ids = sorted(i for c in commits for i in c.ids)
         assert ids == keep(app.source.ids), f"{ds}: every id exactly once"
-        record = (await stream_records(store, ds)).get(app.app_id)
+        record = (await read_stream_records(store, app.app_id, [ds])).get(ds)
         assert record is not None, f"{ds}: no stream record for {app.app_id}"
-        assert (record["batch"], record["query"], record["job"]) == (n - 1, query, commits[-1].job), record
+        assert (record.batch, record.query, record.job) == (n - 1, query, commits[-1].job), record
         out[ds] = commits
     jobs = {(ds, c.job) for ds, commits in out.items() for c in commits if c.batch >= announced_from}
 
@@ -437,9 +443,7 @@ async def assert_exactly_once(
     if app.table is not None:
         tables[app.datasets[0]] = app.table
         assert table_ids(app.fleet.settings, app.table) == app.source.ids, "the table holds every id once"
-        ours = [
-            s for s in table_snapshots(app.fleet.settings, app.table) if s.get(STREAM_APP) == app.app_id
-        ]
+        ours = [s for s in table_snapshots(app.fleet.settings, app.table) if s.get(STREAM_APP) == app.app_id]
         assert [(s[STREAM_BATCH], s[JOB_PROPERTY], s[STREAM_QUERY]) for s in ours] == [
             (str(c.batch), c.job, query) for c in out[app.datasets[0]]
         ], ours
@@ -457,7 +461,8 @@ class InjectedBatchFailure(RuntimeError):
 
 
 def main(spec_path: str) -> int:
-    """Run the streaming query of the spec from its checkpoint; 0 once the source is consumed, 1 on failure."""
+    """Run the spec's streaming query from its checkpoint: 0 once the source is consumed, 1 if it failed."""
+    from pyspark.errors import StreamingQueryException
     from pyspark.sql import DataFrame
 
     from shared.settings import secret_dec_hook
@@ -490,7 +495,9 @@ def main(spec_path: str) -> int:
         committer(df, batch_id)
         last = committer.last
         assert last is not None
-        line = BatchLine(last.batch_id, last.job_id, last.skipped, {k: v.status for k, v in last.results.items()})
+        statuses = {k: v.status for k, v in last.results.items()}
+        manifests = {k: v.manifest for k, v in last.results.items()}
+        line = BatchLine(last.batch_id, last.job_id, last.skipped, statuses, manifests)
         outcomes.write(msgspec.json.encode(line) + b"\n")
 
     spark = local_spark_session(f"stream-{spec.app_id}", master="local[2]", tmp_dir=spec.scratch)
@@ -507,7 +514,7 @@ def main(spec_path: str) -> int:
     trace.write(f"query {query.id} {query.runId}\n")
     try:
         query.awaitTermination()
-    except Exception as exc:  # StreamingQueryException: what the batch raised, in its text
+    except StreamingQueryException as exc:  # what the batch raised is in its text
         sys.stderr.write(f"query failed: {type(exc).__name__}: {exc}\n")
         sys.stderr.flush()
         spark.stop()

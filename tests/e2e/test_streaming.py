@@ -111,7 +111,9 @@ async def test_a_batch_whose_write_raises_is_rolled_back_and_committed_once_on_t
 
     evs = await wait_for(aborted, timeout=60, what="the failed batch's job aborted on both datasets")
     jobs = {e.job for e in evs}
-    assert len(jobs) == 1 and batch_of(app.app_id, job := jobs.pop()) == 1, evs
+    assert len(jobs) == 1, evs
+    job = jobs.pop()
+    assert batch_of(app.app_id, job) == 1, evs
     assert all(e.reason.startswith("failed:") and "injected failure in batch 1" in e.reason for e in evs)
     assert {e.dataset: e.files_deleted for e in evs}[app.datasets[0]] >= 1, "the first dataset was staged"
     outcome = await read_outcome(r, fleet.keys, SHARDS, job, app.datasets)
