@@ -15,6 +15,7 @@ from ._admin_events import (
     RecoveryDone,
     ShardsAssigned,
     ShardSetAside,
+    StreamReset,
     WorkerJoined,
     WorkerLeft,
 )
@@ -111,6 +112,7 @@ __all__ = [
     "STREAM_APP_PATTERN",
     "SIG_FIELD",
     "ShardSetAside",
+    "StreamReset",
     "ShardsAssigned",
     "SignatureCheck",
     "StagedFile",
