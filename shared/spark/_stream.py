@@ -23,8 +23,10 @@ same commit as the data (docs/streaming.md):
 
 1. ``probe("batch.start")``. The app's last run (a Redis record) is read:
    when it is the previous batch and ended, the batch runs at once (the fast
-   path). Otherwise a run that did not end (its driver died) is cancelled at
-   once and its outcome awaited, and the store's records are read
+   path). Otherwise a run that did not end (its driver died: the Redis
+   record's, and any run of the batch whose staged files are in the store,
+   which finds them when Redis lost the record) is cancelled at once and its
+   outcome awaited, and the store's records are read
    (:func:`~._stream_plan.plan_batch`): datasets at or past the batch are
    skipped; when all are, the batch is skipped (one log line,
    ``probe("batch.skipped")``, the recorded results).
@@ -51,7 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._errors import BadInput, CommitfleetError
 from ..commit import StreamRecord, read_manifest, read_watermarks_doc
-from ..events import JobCancelled, StreamBatch, manifest_key
+from ..events import JobCancelled, StreamBatch, manifest_key, staging_jobs_prefix
 from ..queue import (
     DatasetResult,
     Keys,
@@ -73,7 +75,15 @@ from ._outcome import (
     wait_for_outcome,
 )
 from ._publishing import publish, publisher_for, resolve_shards
-from ._stream_plan import BatchPlan, StreamConflict, check_app_id, plan_batch, stream_job_id
+from ._stream_plan import (
+    BatchPlan,
+    StreamConflict,
+    check_app_id,
+    dead_runs,
+    plan_batch,
+    stream_job_id,
+    stream_job_prefix,
+)
 from ._winners import TaskResult
 
 if TYPE_CHECKING:
@@ -244,45 +254,43 @@ class BatchCommitter:
             # The fast path: the previous batch ended here, so no run of this one has started.
             return BatchPlan(todo=self.datasets, done={})
         if run is not None and run.state != "done":
-            self._settle(config, run)
+            self._settle(config, run.job, run.datasets, run.batch)
+        # Runs of this batch that staged files and were never settled (Redis lost their record).
+        for job, names in self._dead_runs(config, batch_id).items():
+            self._settle(config, job, names, batch_id)
         records = self._read_records(config)
         return plan_batch(self.app_id, query, batch_id, self.datasets, records)
 
-    def _settle(self, config: ProducerConfig, run: StreamRun) -> None:
+    def _settle(self, config: ProducerConfig, job: str, datasets: Sequence[str], batch: int) -> None:
         """End a run whose driver died: cancel it at once and wait for the fleet's outcome of it.
+
+        A dataset the fleet had begun to commit (``JobFinished`` was in) is
+        committed all the same; the others are aborted and their staged files
+        deleted. The store's records then say which.
 
         Raises:
             OutcomeTimeout: the fleet gave no outcome within ``config.wait_timeout``.
         """
-        outcome = retry_sync(
-            lambda: read_outcome(config, run.job, run.datasets), publisher_for(config).policy
-        )
+        names = list(datasets)
+        outcome = retry_sync(lambda: read_outcome(config, job, names), publisher_for(config).policy)
         if outcome.done:
             return
-        open_ = [d for d in run.datasets if d not in outcome.results]
+        open_ = [d for d in names if d not in outcome.results]
         log.warning(
-            "commitfleet: run %s of batch %d (app %s) did not end: cancelling it",
-            run.job,
-            run.batch,
-            self.app_id,
+            "commitfleet: run %s of batch %d (app %s) did not end: cancelling it", job, batch, self.app_id
         )
         publish(
             config,
             JobCancelled(
-                job=run.job,
+                job=job,
                 datasets=open_,
-                reason=f"superseded: batch {run.batch} of app {self.app_id} runs again (its driver died)",
+                reason=f"superseded: batch {batch} of app {self.app_id} runs again (its driver died)",
                 cancelled_at=time.time(),
             ),
         )
         try:
-            wait_for_outcome(
-                config,
-                run.job,
-                run.datasets,
-                config.wait_timeout,
-                poll=(STREAM_POLL_MIN_S, STREAM_POLL_MAX_S),
-            )
+            poll = (STREAM_POLL_MIN_S, STREAM_POLL_MAX_S)
+            wait_for_outcome(config, job, names, config.wait_timeout, poll=poll)
         except (JobNotCommitted, OutcomeForgotten):
             pass  # ended (aborted, or committed before the cancel): the store's records say which
 
@@ -353,6 +361,17 @@ class BatchCommitter:
             self._record(*args)
         except CommitfleetError as exc:  # never hide the batch's own error; the next run settles it
             log.warning("commitfleet: could not record the failed run of app %s: %s", self.app_id, exc)
+
+    def _dead_runs(self, config: ProducerConfig, batch_id: int) -> dict[str, list[str]]:
+        """Return the runs of ``batch_id`` whose staged files are in the store (job -> datasets)."""
+        runtime = process_runtime()
+        store = runtime.store(config.store_url, config.store)
+        prefix = staging_jobs_prefix(stream_job_prefix(self.app_id, batch_id))
+
+        async def listing() -> list[str]:
+            return [info.key async for info in store.list(prefix)]
+
+        return dead_runs(runtime.run(listing()), self.app_id, batch_id)
 
     def _read_records(
         self, config: ProducerConfig, datasets: Sequence[str] | None = None
