@@ -12,13 +12,14 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import re
 import sys
 import time
 from typing import Annotated
 
 import typer
 
-from shared import BadInput, Settings
+from shared import Settings
 
 from ._common import ConfigOpt, err, out, run_or_exit, settings_or_exit
 
@@ -38,13 +39,12 @@ stream_app = typer.Typer(
 
 
 def _check(app_id: str) -> None:
-    from shared.spark._stream_plan import check_app_id
+    from shared.events import STREAM_APP_PATTERN
 
-    try:
-        check_app_id(app_id)
-    except BadInput as exc:
-        err.print(f"commitfleet: {exc}", markup=False, highlight=False)
-        raise typer.Exit(2) from None
+    if not re.fullmatch(STREAM_APP_PATTERN, app_id):
+        msg = f"commitfleet: bad streaming app_id {app_id!r}: use 1-64 letters, digits, '_', '.' or '-'"
+        err.print(msg, markup=False, highlight=False)
+        raise typer.Exit(2)
 
 
 def _operator() -> str:
