@@ -51,6 +51,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from .._errors import BadInput, CommitfleetError
 from ..commit import StreamRecord, read_manifest, read_watermarks_doc
 from ..events import JobCancelled, StreamBatch, manifest_key, staging_jobs_prefix
@@ -195,6 +197,7 @@ class BatchCommitter:
         self._config = config
         self._probe = probe or _no_probe
         self._resolved: ProducerConfig | None = None
+        self._checked = False  # the executors' preflight passed once: not again for every batch
         self.last: BatchOutcome | None = None
 
     # -- the batch function -------------------------------------------------------
@@ -230,7 +233,8 @@ class BatchCommitter:
         self._record(config, job_id, batch_id, query, "running", plan.todo)
         results: dict[str, DatasetResult]
         try:
-            with commit_job(spark, job_id, plan.todo, config=config, stream=stream) as ctx:
+            with commit_job(spark, job_id, plan.todo, config=self._job_config(config), stream=stream) as ctx:
+                self._checked = True
                 self._write(BatchJob(ctx, self.app_id, batch_id, query, plan.done), batch_df, batch_id)
                 self._probe("batch.staged", batch_id)
             results = ctx.results
@@ -335,6 +339,10 @@ class BatchCommitter:
         )
 
     # -- reading and recording ------------------------------------------------------
+
+    def _job_config(self, config: ProducerConfig) -> ProducerConfig:
+        """The job's config: the executors' preflight (one Spark action) runs for the first batch only."""
+        return msgspec.structs.replace(config, preflight=False) if self._checked else config
 
     def _config_resolved(self) -> ProducerConfig:
         if self._resolved is None:
