@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from .._errors import BadInput, CommitfleetError
-from ..commit import StreamRecord, read_manifest, read_watermarks_doc
+from ..commit import Manifest, StreamRecord, read_manifest, read_watermarks_doc
 from ..events import JobCancelled, StreamBatch, manifest_key, staging_jobs_prefix
 from ..queue import (
     DatasetResult,
@@ -414,7 +414,10 @@ class BatchCommitter:
         async def read_all() -> dict[str, DatasetResult]:
             import asyncio
 
-            manifests = await asyncio.gather(*(read_manifest(store, d, r.job) for d, r in items))
+            async def manifest(d: str, job: str) -> Manifest | None:
+                return await read_manifest(store, d, job) if job else None
+
+            manifests = await asyncio.gather(*(manifest(d, r.job) for d, r in items))
             out: dict[str, DatasetResult] = {}
             for (d, r), m in zip(items, manifests, strict=True):
                 out[d] = DatasetResult(
@@ -422,7 +425,7 @@ class BatchCommitter:
                     reason=f"batch {batch_id} committed by job {r.job} (recorded batch {r.batch})",
                     files=len(m.files) if m is not None else 0,
                     bytes=m.bytes if m is not None else 0,
-                    manifest=manifest_key(d, r.job),
+                    manifest=manifest_key(d, r.job) if r.job else "",
                     at=r.at,
                 )
             return out

@@ -7,12 +7,17 @@ from __future__ import annotations
 import msgspec
 
 from shared.commit import (
+    CommitStep,
+    CommitStepFailed,
+    StepContext,
+    StepRegistry,
     audit,
     commit_dataset,
     read_manifest,
     read_stream_records,
     read_watermarks_doc,
     reset_stream,
+    skip_quarantined,
 )
 from shared.events import StreamBatch, staging_prefix
 from shared.storage import ObjectStore
@@ -136,3 +141,52 @@ async def test_plain_commits_keep_no_stream_record(any_store: ObjectStore) -> No
     doc = await read_watermarks_doc(any_store, "plain")
     assert doc is not None and doc.streams == {}
     assert await read_stream_records(any_store, "ingest") == {}
+
+
+class FailsAfterTheRecord(CommitStep, frozen=True, kw_only=True, tag="test-fails-after-the-record"):
+    """An apply step after the watermarks step that can never succeed: the commit is quarantined."""
+
+    async def is_done(self, ctx: StepContext) -> bool:
+        return False
+
+    async def execute(self, ctx: StepContext) -> None:
+        raise CommitStepFailed("the table refuses this batch (test)")
+
+
+async def test_an_operators_skip_puts_the_record_back_so_the_rerun_commits(any_store: ObjectStore) -> None:
+    registry = StepRegistry([FailsAfterTheRecord])
+    first = await stage(any_store, "events", "ingest-b3-aaaaaaaa", 3)
+    assert (await commit_dataset(any_store, first.req, ManualLease("events", 1), SETTINGS)).ok
+    bad = await stage(any_store, "events", "ingest-b4-bbbbbbbb", 4, seed=1)
+    bad = StagedJob(
+        req=msgspec.structs.replace(
+            bad.req, winners=[msgspec.structs.replace(w, watermarks={}) for w in bad.req.winners]
+        ),
+        winners=bad.winners,
+        losers=bad.losers,
+    )
+    res = await commit_dataset(
+        any_store,
+        bad.req,
+        ManualLease("events", 2),
+        SETTINGS,
+        registry=registry,
+        extra_steps=[FailsAfterTheRecord()],
+    )
+    assert res.status == "quarantined"
+    rec = (await read_stream_records(any_store, "ingest"))["events"]
+    assert (rec.batch, rec.job) == (4, bad.req.job)  # the record was written before the failing step
+
+    skipped = await skip_quarantined(
+        any_store, "events", bad.req.job, ManualLease("events", 3), SETTINGS, registry=registry
+    )
+    assert skipped.outcome == "rolled_back"
+    rec = (await read_stream_records(any_store, "ingest"))["events"]
+    assert (rec.batch, rec.query, rec.job) == (3, Q1, "")
+    assert await published_jobs(any_store, "events") == {first.req.job}
+
+    # Spark's rerun of batch 4 commits it (the record no longer covers it).
+    rerun = await stage(any_store, "events", "ingest-b4-cccccccc", 4, seed=2)
+    assert (await commit_dataset(any_store, rerun.req, ManualLease("events", 4), SETTINGS)).ok
+    assert await published_jobs(any_store, "events") == {first.req.job, rerun.req.job}
+    assert (await audit(any_store)).ok
