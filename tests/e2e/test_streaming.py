@@ -18,10 +18,13 @@ from pathlib import Path
 import pytest
 import redis.asyncio
 
-from shared.commit import read_manifest
-from shared.events import Aborted
+from shared.commit import audit, read_manifest, read_stream_records
+from shared.events import Aborted, StreamReset
 from shared.queue import read_outcome
 from shared.storage import ObjectStore
+from tests._support.cli import cli
+from tests._support.fleet_checks import admin_events
+from tests._support.processes import write_config
 from tests._support.redis_server import RedisHandle
 from tests._support.spark_fleet import (  # noqa: F401 - the store and fleet fixtures
     SHARDS,
@@ -35,6 +38,7 @@ from tests._support.streaming import (
     app_events,
     assert_exactly_once,
     batch_of,
+    evens,
     no_open_work,
     published_batches,
     table_ids,
@@ -131,3 +135,58 @@ async def test_a_batch_whose_write_raises_is_rolled_back_and_committed_once_on_t
     assert [(o.batch, o.skipped) for o in again.outcomes] == [(1, False), (2, False)]
     commits = await assert_exactly_once(app, store, r, query=again.query)
     assert job not in {c.job for c in commits[app.datasets[0]]}
+
+
+@pytest.mark.timeout(300)
+async def test_a_restart_without_the_checkpoint_is_refused_until_the_app_is_reset(
+    fleet: E2EFleet, r: redis.asyncio.Redis, store: ObjectStore, tmp_path: Path
+) -> None:
+    app = new_app(fleet, tmp_path, files=2)
+    first = await app.run()
+    first.assert_completed()
+    before = {ds: await published_batches(store, ds, app.app_id) for ds in app.datasets}
+    assert [c.batch for c in before[app.datasets[0]]] == [0, 1]
+
+    # A new checkpoint: a new query whose batch ids begin again at 0 under the same app id.
+    app.forget_checkpoint()
+    refused = await app.run()
+    assert refused.rc == 1, refused.describe()
+    assert refused.query != first.query
+    assert "StreamConflict" in refused.failure, refused.describe()
+    assert f"streaming app '{app.app_id}'" in refused.failure, refused.describe()
+    assert f"commitfleet stream reset {app.app_id}" in refused.failure, refused.describe()
+    assert refused.trace == [("batch.start", 0)] and refused.outcomes == [], refused.describe()
+    await wait_for(lambda: no_open_work(store, app), timeout=60, what="nothing open or staged")
+    for ds in app.datasets:
+        assert await published_batches(store, ds, app.app_id) == before[ds], "nothing new published"
+        record = (await read_stream_records(store, app.app_id, [ds]))[ds]
+        assert (record.batch, record.query) == (1, first.query)
+
+    # The operator forgets the old query's records (audited); the same restart then commits.
+    config = write_config(fleet.settings, tmp_path / "cli.toml")
+    res = await cli("stream", "reset", app.app_id, "--yes", "--config", config)
+    assert res.rc == 0, res
+    assert await read_stream_records(store, app.app_id, app.datasets) == {}
+    resets = [
+        e
+        for e in await admin_events(r, fleet.settings.fleet.name)
+        if isinstance(e, StreamReset) and e.app_id == app.app_id
+    ]
+    assert [e.datasets for e in resets] == [dict.fromkeys(app.datasets, 1)]
+
+    again = await app.run()
+    again.assert_completed()
+    assert again.query == refused.query, "the same new checkpoint"
+    assert [(o.batch, o.skipped) for o in again.outcomes] == [(0, False), (1, False)]
+    # Each query's batches committed once: the old query's output stays, the new one's is the source again.
+    new_jobs = {o.job for o in again.outcomes}
+    for ds, keep in zip(app.datasets, (list, evens), strict=True):
+        commits = await published_batches(store, ds, app.app_id)
+        assert [c for c in commits if c.job not in new_jobs] == before[ds]
+        new = [c for c in commits if c.job in new_jobs]
+        assert [c.batch for c in new] == [0, 1]
+        assert sorted(i for c in new for i in c.ids) == keep(app.source.ids)
+        record = (await read_stream_records(store, app.app_id, [ds]))[ds]
+        assert (record.batch, record.query, record.job) == (1, again.query, new[-1].job)
+    report = await audit(store, ended_jobs=new_jobs)
+    assert report.ok, report.violations

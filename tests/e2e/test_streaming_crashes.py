@@ -42,6 +42,7 @@ from tests._support.streaming import (
     assert_exactly_once,
     batch_of,
     fleet_settled,
+    keys_under,
     no_open_work,
     write_source,
 )
@@ -98,14 +99,17 @@ def skipped(batch: int) -> list[tuple[str, int]]:
 MATRIX: list[tuple[tuple[str, int] | None, list[tuple[str, int]]]] = [
     # mid-batch after staging, in the batch that creates the table
     (("batch.staged", 0), committed(0)[:2]),
-    # before anything of batch 1 (the staged job of batch 0 is cancelled, batch 0 committed anew)
+    # before anything of batch 1 (the staged run of batch 0 is cancelled, batch 0 committed anew)
     (("batch.start", 1), [*committed(0), ("batch.start", 1)]),
     (("batch.staged", 2), [*committed(1), *committed(2)[:2]]),
     # after the fleet committed batch 3, before Spark's commit log: the next run replays it
     (("batch.committed", 3), [*committed(2), *committed(3)]),
     # in the skip path of that replay
     (("batch.skipped", 3), skipped(3)),
-    (("batch.committed", 5), [*skipped(3), *committed(4), *committed(5)]),
+    # right after a skipped replay
+    (("batch.start", 4), [*skipped(3), ("batch.start", 4)]),
+    (("batch.committed", 5), [*committed(4), *committed(5)]),
+    (("batch.skipped", 5), skipped(5)),
     (None, [*skipped(5), *committed(6), *committed(7)]),
 ]
 
@@ -124,11 +128,25 @@ async def test_a_driver_killed_at_every_crash_point_commits_every_id_exactly_onc
         assert run.trace == trace, run.describe()
     runs = app.runs
     assert {run.query for run in runs} == {runs[0].query}, "one query, restarted from its checkpoint"
-    # What the replays returned to Spark: a skipped batch names the job that committed it.
-    assert [(o.batch, o.skipped) for o in runs[-1].outcomes] == [(5, True), (6, False), (7, False)]
-    assert [(o.batch, o.skipped) for o in runs[-2].outcomes] == [(3, True), (4, False)]
+    # What the runs returned to Spark: a skipped batch names the manifests of the job that committed it.
+    returned = [[(o.batch, o.skipped) for o in run.outcomes] for run in runs]
+    assert returned == [
+        [],
+        [(0, False)],
+        [(1, False)],
+        [(2, False)],
+        [],
+        [(3, True)],
+        [(4, False)],
+        [],
+        [
+            (5, True),
+            (6, False),
+            (7, False),
+        ],
+    ], returned
     commits = await assert_exactly_once(app, store, r, query=runs[0].query)
-    for run, batch in ((runs[-1], 5), (runs[-2], 3)):
+    for run, batch in ((runs[-1], 5), (runs[5], 3)):
         replay = run.outcomes[0]
         assert replay.job is None and set(replay.results.values()) == {"committed"}, replay
         assert replay.manifests == {
@@ -146,53 +164,74 @@ async def test_a_driver_killed_at_every_crash_point_commits_every_id_exactly_onc
     assert all(ds == set(app.datasets) for ds in by_job.values()), aborted
 
 
-def _flushall(url: str) -> Any:
-    client = redis.Redis.from_url(url)
+async def flush_redis(fleet: E2EFleet, r: redis.asyncio.Redis, server: RedisServer, base: Path) -> None:
+    """FLUSHALL the fleet's Redis: every stream, run record, result record and job state is gone.
+
+    WORKAROUND (reported): a worker blocked in XREADGROUP when its stream vanishes gets Redis 7's
+    "UNBLOCKED the stream key no longer exists", which shared/queue/_connect.py (redis_errors) does
+    not take for a vanished stream (NotFound: re-create the group), so the worker process dies. The
+    fleet is stopped for the flush and started again (after `commitfleet init`'s ensure_fleet);
+    with that fixed, flush under the running fleet instead.
+    """
+    for p in fleet.procs:
+        assert p.terminate(timeout=60) == 0, p.output()[-4000:]
+    assert _flushall(server.url)
+    assert await r.dbsize() == 0
+    client = redis.Redis.from_url(server.url)
     try:
-        return client.flushall()
+        ensure_fleet_sync(client, fleet.settings.fleet.name, SHARDS)
     finally:
         client.close()
+    for kind, name in [("coordinator", "c1"), *(("worker", w) for w in sorted(WORKERS))]:
+        fleet.procs.append(FleetProcess(kind, name, base / "fleet.toml", base / "logs"))
+    await wait_for(lambda: fleet_settled(fleet, r), timeout=60, what="the fleet back after the flush")
 
 
-@pytest.mark.timeout(600)
-async def test_redis_flushed_between_a_crash_after_the_commit_and_the_restart_the_store_record_decides(
+@pytest.mark.timeout(900)
+async def test_redis_flushed_between_a_crash_and_the_restart_the_store_alone_decides(
     fleet: E2EFleet,
     r: redis.asyncio.Redis,
     store: ObjectStore,
     tmp_path: Path,
     private_redis: RedisServer,
 ) -> None:
-    app = new_app(fleet, tmp_path, files=3)
-    first = await app.run(kill_at=("batch.committed", 1))
-    first.assert_killed_at("batch.committed", 1)
-    assert first.trace == [*committed(0), *committed(1)], first.describe()
-    await wait_for(lambda: no_open_work(store, app), timeout=60, what="batch 1's commit finished")
+    app = new_app(fleet, tmp_path, files=4)
+    # 1. Killed mid-batch (batch 1 staged), then Redis loses the run record and the job: the
+    # restart finds the dead run by its staged files, cancels it, and commits batch 1 anew.
+    first = await app.run(kill_at=("batch.staged", 1))
+    assert first.trace == [*committed(0), *committed(1)[:2]], first.describe()
+    dead = {k.split("/")[1] for k in await keys_under(store, "_staging/")}
+    assert len(dead) == 1, dead
+    dead_job = dead.pop()
+    assert batch_of(app.app_id, dead_job) == 1, dead_job
+    await flush_redis(fleet, r, private_redis, tmp_path / "fleet")
+    second = await app.run(kill_at=("batch.committed", 2))
+    assert second.trace == [*committed(1), *committed(2)], second.describe()
+
+    async def dead_run_aborted() -> list[Aborted] | None:
+        evs = [e for e in await app_events(r, fleet, app.app_id) if isinstance(e, Aborted)]
+        return evs if {e.dataset for e in evs} == set(app.datasets) else None
+
+    evs = await wait_for(dead_run_aborted, timeout=60, what="the dead run of batch 1 aborted")
+    assert {e.job for e in evs} == {dead_job} and all(e.reason.startswith("cancelled") for e in evs), evs
+    await wait_for(lambda: no_open_work(store, app), timeout=60, what="batch 2's commit finished")
     assert await r.exists(stream_run_key(fleet.keys, app.app_id)), "the app's last run, in Redis"
 
-    # Everything Redis knew is gone: the app's run record, the job's result records, the streams.
-    # WORKAROUND (reported): a worker blocked in XREADGROUP when its stream vanishes gets Redis 7's
-    # "UNBLOCKED the stream key no longer exists", which shared/queue/_connect.py (redis_errors) does
-    # not take for a vanished stream (NotFound: re-create the group), so the worker process dies. The
-    # fleet is stopped for the flush and started again (as after `commitfleet init`); with that fixed,
-    # flush under the running fleet instead.
-    for p in fleet.procs:
-        assert p.terminate(timeout=60) == 0, p.output()[-4000:]
-    assert _flushall(private_redis.url)
-    assert await r.dbsize() == 0
-    client = redis.Redis.from_url(private_redis.url)
+    # 2. Killed after the fleet committed batch 2, before Spark's commit log; Redis flushed again:
+    # the replay of batch 2 is skipped on the store's record alone, batch 3 commits.
+    await flush_redis(fleet, r, private_redis, tmp_path / "fleet")
+    assert not await r.exists(stream_run_key(fleet.keys, app.app_id))
+    third = await app.run()
+    third.assert_completed()
+    assert third.trace == [*skipped(2), *committed(3)], third.describe()
+    assert [(o.batch, o.skipped) for o in third.outcomes] == [(2, True), (3, False)]
+    assert {first.query, second.query, third.query} == {first.query}
+    await assert_exactly_once(app, store, r, query=first.query, announced_from=3)
+
+
+def _flushall(url: str) -> Any:
+    client = redis.Redis.from_url(url)
     try:
-        ensure_fleet_sync(client, fleet.settings.fleet.name, SHARDS)
+        return client.flushall()
     finally:
         client.close()
-    base = tmp_path / "fleet"
-    for kind, name in [("coordinator", "c1"), *(("worker", w) for w in sorted(WORKERS))]:
-        fleet.procs.append(FleetProcess(kind, name, base / "fleet.toml", base / "logs"))
-    await wait_for(lambda: fleet_settled(fleet, r), timeout=60, what="the fleet back after the flush")
-    assert not await r.exists(stream_run_key(fleet.keys, app.app_id))
-
-    # The replay of batch 1 is skipped on the store's record alone; batch 2 commits.
-    second = await app.run()
-    second.assert_completed()
-    assert second.trace == [*skipped(1), *committed(2)], second.describe()
-    assert [(o.batch, o.skipped) for o in second.outcomes] == [(1, True), (2, False)]
-    await assert_exactly_once(app, store, r, query=first.query, announced_from=2)
