@@ -5,8 +5,10 @@ script: a local[2] session, a file source of JSON files read one file per
 micro-batch, ``trigger(availableNow=True)``, ``foreachBatch`` given
 ``commit_batches``); the fleet is a coordinator and two worker processes on a
 local-files store and the session's redis-server, started once for the module.
-Every test has its own app id and datasets. The crash matrix is in
-test_streaming_crashes.py (marker ``streaming``).
+Every test has its own app id and datasets. In the default run: a clean run
+(one driver start) and a batch whose ``write`` raises (two). Under the marker
+``streaming`` (``make streaming``) with the crash matrix of
+test_streaming_crashes.py: a restart without the checkpoint (three).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import pytest
 import redis.asyncio
 
 from shared.commit import audit, read_manifest, read_stream_records
-from shared.events import Aborted, StreamReset
+from shared.events import Aborted, JobStarted, StreamBatch, StreamReset
 from shared.queue import read_outcome
 from shared.storage import ObjectStore
 from tests._support.cli import cli
@@ -30,6 +32,7 @@ from tests._support.spark_fleet import (  # noqa: F401 - the store and fleet fix
     SHARDS,
     E2EFleet,
     e2e_store,
+    events_of,
     run_e2e_fleet,
     settled_fleet,
 )
@@ -87,7 +90,12 @@ async def test_a_clean_run_commits_each_batch_once_and_publishes_the_source_row_
     assert [o.batch for o in run.outcomes] == [0, 1, 2, 3]
     assert not any(o.skipped for o in run.outcomes)
     assert all(set(o.results.values()) == {"committed"} for o in run.outcomes)
-    await assert_exactly_once(app, store, r, query=run.query)
+    commits = await assert_exactly_once(app, store, r, query=run.query)
+    # Each batch's job told the fleet which batch of which query it commits.
+    for c in commits[app.datasets[0]]:
+        starts = [e for e in await events_of(r, fleet, c.job) if isinstance(e, JobStarted)]
+        assert starts, c.job
+        assert {e.stream for e in starts} == {StreamBatch(app_id=app.app_id, batch=c.batch, query=run.query)}
 
 
 @pytest.mark.timeout(300)
@@ -137,6 +145,8 @@ async def test_a_batch_whose_write_raises_is_rolled_back_and_committed_once_on_t
     assert job not in {c.job for c in commits[app.datasets[0]]}
 
 
+# Three driver runs (~30 s on a quiet 2-core machine, a minute under load): with the crash matrix.
+@pytest.mark.streaming
 @pytest.mark.timeout(300)
 async def test_a_restart_without_the_checkpoint_is_refused_until_the_app_is_reset(
     fleet: E2EFleet, r: redis.asyncio.Redis, store: ObjectStore, tmp_path: Path

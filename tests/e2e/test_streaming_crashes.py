@@ -26,7 +26,8 @@ import redis.asyncio
 from shared.events import Aborted, manifest_key
 from shared.queue import ensure_fleet_sync, stream_run_key
 from shared.storage import ObjectStore
-from tests._support.processes import FleetProcess
+from tests._support.cli import cli
+from tests._support.processes import FleetProcess, write_config
 from tests._support.redis_server import RedisServer
 from tests._support.spark_fleet import (  # noqa: F401 - the store and fleet fixtures
     SHARDS,
@@ -162,6 +163,10 @@ async def test_a_driver_killed_at_every_crash_point_commits_every_id_exactly_onc
         assert e.reason.startswith("cancelled"), e
     assert sorted(batch_of(app.app_id, j) for j in by_job) == [0, 2], aborted
     assert all(ds == set(app.datasets) for ds in by_job.values()), aborted
+    assert await keys_under(store, "_staging/") == [], "nothing staged is left"
+    config = write_config(fleet.settings, tmp_path / "cli.toml")
+    res = await cli("audit", fleet.settings.store.url, "--config", config)
+    assert res.rc == 0 and "no violations" in res.out, res
 
 
 async def flush_redis(fleet: E2EFleet, r: redis.asyncio.Redis, server: RedisServer, base: Path) -> None:
@@ -227,6 +232,7 @@ async def test_redis_flushed_between_a_crash_and_the_restart_the_store_alone_dec
     assert [(o.batch, o.skipped) for o in third.outcomes] == [(2, True), (3, False)]
     assert {first.query, second.query, third.query} == {first.query}
     await assert_exactly_once(app, store, r, query=first.query, announced_from=3)
+    assert await keys_under(store, "_staging/") == [], "nothing staged is left"
 
 
 def _flushall(url: str) -> Any:
