@@ -34,6 +34,7 @@ from tests._support.spark_fleet import (  # noqa: F401 - the store and fleet fix
     WORKERS,
     E2EFleet,
     e2e_store,
+    keys_under,
     run_e2e_fleet,
     settled_fleet,
 )
@@ -43,7 +44,6 @@ from tests._support.streaming import (
     assert_exactly_once,
     batch_of,
     fleet_settled,
-    keys_under,
     no_open_work,
     write_source,
 )
