@@ -22,7 +22,7 @@ import typer
 
 from shared import CommitfleetError
 
-from . import _ops, _processes, _tools
+from . import _ops, _processes, _stream, _tools
 from ._common import err
 
 app = typer.Typer(
@@ -33,7 +33,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 # The order of --help: the processes, the operator commands, the tools.
-for group in (_processes, _ops, _tools):
+for group in (_processes, _ops, _stream, _tools):
     group.register(app)
 
 

@@ -17,11 +17,17 @@ T = TypeVar("T")
 def demo(
     root: Annotated[Path | None, typer.Option(help="Store root folder (default: a temporary one).")] = None,
     keep: Annotated[bool, typer.Option(help="Keep the store root afterwards.")] = False,
+    streaming: Annotated[
+        bool,
+        typer.Option(help="A Structured Streaming query instead: a driver kill, its restart, the audit."),
+    ] = False,
 ) -> None:
     """Run the end-to-end demo: a fleet, a real PySpark job, a failed job, the audit."""
     from coordinator.demo import run_demo
 
-    code = _stopping_children("demo", lambda: run_demo(root=root, keep=keep, console=out))
+    code = _stopping_children(
+        "demo", lambda: run_demo(root=root, keep=keep, console=out, streaming=streaming)
+    )
     raise typer.Exit(code)
 
 

@@ -87,7 +87,9 @@ class Manifest(msgspec.Struct, frozen=True, kw_only=True):
 class StreamRecord(msgspec.Struct, frozen=True, kw_only=True):
     """The last micro-batch of one streaming app committed to a dataset (docs/streaming.md).
 
-    ``query`` is the Spark query id that committed it, ``job`` the job that did.
+    ``query`` is the Spark query id that committed it, ``job`` the job that did
+    (``""`` after an operator's ``skip`` rolled that job's batch back: the
+    record then stands for the batch before, whose job is not known).
     """
 
     batch: int

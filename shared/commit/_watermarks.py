@@ -188,6 +188,41 @@ class AdvanceWatermarks(CommitStep, frozen=True, kw_only=True, tag="watermarks")
             return await self._swap(ctx, None)
         return await self._swap(ctx, seen)
 
+    async def undo(self, ctx: StepContext) -> None:
+        """An operator's ``skip`` rolls this commit back: put the stream record back before its batch.
+
+        Only while the record names this job (a later batch's record stays):
+        batch ``b`` goes back to ``b - 1`` of the same query (no job), batch 0
+        removes the record, so Spark's rerun of the batch commits it. The
+        watermark values never move back (``skip`` refuses a sequence whose
+        watermarks are ahead of every manifest).
+
+        Raises:
+            TransientError, CommitStepFailed, LockLost: as :func:`swap_watermarks`.
+        """
+        mark = self.stream
+        if mark is None:
+            return
+
+        def back(doc: _Doc) -> _Doc:
+            values, streams = doc
+            rec = streams.get(mark.app_id)
+            if rec is None or rec.job != mark.job:
+                return doc
+            rest = dict(streams)
+            if mark.batch == 0:
+                del rest[mark.app_id]
+            else:
+                rest[mark.app_id] = StreamRecord(
+                    batch=mark.batch - 1, query=mark.query, job="", at=ctx.clock()
+                )
+            return values, rest
+
+        def check() -> None:
+            ctx.lease.check()
+
+        await swap_watermarks(ctx.store, self.dataset, back, ctx.clock, check)
+
     def _merge(self, doc: _Doc) -> _Doc:
         return merge_watermarks(doc[0], self.values), merge_stream(doc[1], self.stream)
 

@@ -151,6 +151,16 @@ class OperatorAction(_DatasetEvent, frozen=True, kw_only=True, tag="operator_act
     detail: str = ""
 
 
+class StreamReset(_AdminEvent, frozen=True, kw_only=True, tag="stream_reset"):
+    """An operator ran ``commitfleet stream reset``: a streaming app's records of its last
+    committed micro-batch were removed from ``datasets`` (dataset -> the batch recorded), so a
+    query whose batch ids began again may commit under the same ``app_id``."""
+
+    app_id: str
+    datasets: dict[str, int]
+    operator: str = ""
+
+
 class ShardSetAside(_AdminEvent, frozen=True, kw_only=True, tag="shard_set_aside"):
     """A shard's state in Redis cannot be read (a record that does not decode, or of an
     unknown version): its owner stopped the shard instead of crashing, and waits for an
@@ -175,6 +185,7 @@ AdminEvent = (
     | MessageRejected
     | JobTimedOut
     | OperatorAction
+    | StreamReset
     | ShardSetAside
 )
 """Every admin event, as a tagged union (decode target)."""
@@ -194,6 +205,7 @@ ADMIN_EVENT_TYPES: Final[dict[str, type[AdminEvent]]] = {
         MessageRejected,
         JobTimedOut,
         OperatorAction,
+        StreamReset,
         ShardSetAside,
     )
 }

@@ -209,6 +209,18 @@ def wal_key(dataset: str, job: str) -> str:
     return f"{wal_prefix(dataset)}{check_job(job)}.json"
 
 
+def staging_jobs_prefix(job_prefix: str) -> str:
+    """Return ``_staging/<job_prefix>``: the staging folders of every job whose id starts so.
+
+    Raises:
+        InvalidMessage: ``job_prefix`` holds a ``/`` or is not the start of a valid job id.
+    """
+    if "/" in job_prefix or not job_prefix:
+        raise InvalidMessage("bad_job", f"bad job id prefix {shown(job_prefix)}")
+    check_job(job_prefix)
+    return f"{STAGING}/{job_prefix}"
+
+
 def state_prefix() -> str:
     """Return ``_state/``: every dataset's watermarks document is under it."""
     return f"{STATE}/"

@@ -23,8 +23,10 @@ same commit as the data (docs/streaming.md):
 
 1. ``probe("batch.start")``. The app's last run (a Redis record) is read:
    when it is the previous batch and ended, the batch runs at once (the fast
-   path). Otherwise a run that did not end (its driver died) is cancelled at
-   once and its outcome awaited, and the store's records are read
+   path). Otherwise a run that did not end (its driver died: the Redis
+   record's, and any run of the batch whose staged files are in the store,
+   which finds them when Redis lost the record) is cancelled at once and its
+   outcome awaited, and the store's records are read
    (:func:`~._stream_plan.plan_batch`): datasets at or past the batch are
    skipped; when all are, the batch is skipped (one log line,
    ``probe("batch.skipped")``, the recorded results).
@@ -49,9 +51,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from .._errors import BadInput, CommitfleetError
-from ..commit import StreamRecord, read_manifest, read_watermarks_doc
-from ..events import JobCancelled, StreamBatch, manifest_key
+from ..commit import Manifest, StreamRecord, read_manifest, read_watermarks_doc
+from ..events import JobCancelled, StreamBatch, manifest_key, staging_jobs_prefix
 from ..queue import (
     DatasetResult,
     Keys,
@@ -73,7 +77,15 @@ from ._outcome import (
     wait_for_outcome,
 )
 from ._publishing import publish, publisher_for, resolve_shards
-from ._stream_plan import BatchPlan, StreamConflict, check_app_id, plan_batch, stream_job_id
+from ._stream_plan import (
+    BatchPlan,
+    StreamConflict,
+    check_app_id,
+    dead_runs,
+    plan_batch,
+    stream_job_id,
+    stream_job_prefix,
+)
 from ._winners import TaskResult
 
 if TYPE_CHECKING:
@@ -185,6 +197,7 @@ class BatchCommitter:
         self._config = config
         self._probe = probe or _no_probe
         self._resolved: ProducerConfig | None = None
+        self._checked = False  # the executors' preflight passed once: not again for every batch
         self.last: BatchOutcome | None = None
 
     # -- the batch function -------------------------------------------------------
@@ -220,7 +233,8 @@ class BatchCommitter:
         self._record(config, job_id, batch_id, query, "running", plan.todo)
         results: dict[str, DatasetResult]
         try:
-            with commit_job(spark, job_id, plan.todo, config=config, stream=stream) as ctx:
+            with commit_job(spark, job_id, plan.todo, config=self._job_config(config), stream=stream) as ctx:
+                self._checked = True
                 self._write(BatchJob(ctx, self.app_id, batch_id, query, plan.done), batch_df, batch_id)
                 self._probe("batch.staged", batch_id)
             results = ctx.results
@@ -244,45 +258,43 @@ class BatchCommitter:
             # The fast path: the previous batch ended here, so no run of this one has started.
             return BatchPlan(todo=self.datasets, done={})
         if run is not None and run.state != "done":
-            self._settle(config, run)
+            self._settle(config, run.job, run.datasets, run.batch)
+        # Runs of this batch that staged files and were never settled (Redis lost their record).
+        for job, names in self._dead_runs(config, batch_id).items():
+            self._settle(config, job, names, batch_id)
         records = self._read_records(config)
         return plan_batch(self.app_id, query, batch_id, self.datasets, records)
 
-    def _settle(self, config: ProducerConfig, run: StreamRun) -> None:
+    def _settle(self, config: ProducerConfig, job: str, datasets: Sequence[str], batch: int) -> None:
         """End a run whose driver died: cancel it at once and wait for the fleet's outcome of it.
+
+        A dataset the fleet had begun to commit (``JobFinished`` was in) is
+        committed all the same; the others are aborted and their staged files
+        deleted. The store's records then say which.
 
         Raises:
             OutcomeTimeout: the fleet gave no outcome within ``config.wait_timeout``.
         """
-        outcome = retry_sync(
-            lambda: read_outcome(config, run.job, run.datasets), publisher_for(config).policy
-        )
+        names = list(datasets)
+        outcome = retry_sync(lambda: read_outcome(config, job, names), publisher_for(config).policy)
         if outcome.done:
             return
-        open_ = [d for d in run.datasets if d not in outcome.results]
+        open_ = [d for d in names if d not in outcome.results]
         log.warning(
-            "commitfleet: run %s of batch %d (app %s) did not end: cancelling it",
-            run.job,
-            run.batch,
-            self.app_id,
+            "commitfleet: run %s of batch %d (app %s) did not end: cancelling it", job, batch, self.app_id
         )
         publish(
             config,
             JobCancelled(
-                job=run.job,
+                job=job,
                 datasets=open_,
-                reason=f"superseded: batch {run.batch} of app {self.app_id} runs again (its driver died)",
+                reason=f"superseded: batch {batch} of app {self.app_id} runs again (its driver died)",
                 cancelled_at=time.time(),
             ),
         )
         try:
-            wait_for_outcome(
-                config,
-                run.job,
-                run.datasets,
-                config.wait_timeout,
-                poll=(STREAM_POLL_MIN_S, STREAM_POLL_MAX_S),
-            )
+            poll = (STREAM_POLL_MIN_S, STREAM_POLL_MAX_S)
+            wait_for_outcome(config, job, names, config.wait_timeout, poll=poll)
         except (JobNotCommitted, OutcomeForgotten):
             pass  # ended (aborted, or committed before the cancel): the store's records say which
 
@@ -328,6 +340,10 @@ class BatchCommitter:
 
     # -- reading and recording ------------------------------------------------------
 
+    def _job_config(self, config: ProducerConfig) -> ProducerConfig:
+        """The job's config: the executors' preflight (one Spark action) runs for the first batch only."""
+        return msgspec.structs.replace(config, preflight=False) if self._checked else config
+
     def _config_resolved(self) -> ProducerConfig:
         if self._resolved is None:
             self._resolved = resolve_shards(self._config)
@@ -353,6 +369,17 @@ class BatchCommitter:
             self._record(*args)
         except CommitfleetError as exc:  # never hide the batch's own error; the next run settles it
             log.warning("commitfleet: could not record the failed run of app %s: %s", self.app_id, exc)
+
+    def _dead_runs(self, config: ProducerConfig, batch_id: int) -> dict[str, list[str]]:
+        """Return the runs of ``batch_id`` whose staged files are in the store (job -> datasets)."""
+        runtime = process_runtime()
+        store = runtime.store(config.store_url, config.store)
+        prefix = staging_jobs_prefix(stream_job_prefix(self.app_id, batch_id))
+
+        async def listing() -> list[str]:
+            return [info.key async for info in store.list(prefix)]
+
+        return dead_runs(runtime.run(listing()), self.app_id, batch_id)
 
     def _read_records(
         self, config: ProducerConfig, datasets: Sequence[str] | None = None
@@ -387,7 +414,10 @@ class BatchCommitter:
         async def read_all() -> dict[str, DatasetResult]:
             import asyncio
 
-            manifests = await asyncio.gather(*(read_manifest(store, d, r.job) for d, r in items))
+            async def manifest(d: str, job: str) -> Manifest | None:
+                return await read_manifest(store, d, job) if job else None
+
+            manifests = await asyncio.gather(*(manifest(d, r.job) for d, r in items))
             out: dict[str, DatasetResult] = {}
             for (d, r), m in zip(items, manifests, strict=True):
                 out[d] = DatasetResult(
@@ -395,7 +425,7 @@ class BatchCommitter:
                     reason=f"batch {batch_id} committed by job {r.job} (recorded batch {r.batch})",
                     files=len(m.files) if m is not None else 0,
                     bytes=m.bytes if m is not None else 0,
-                    manifest=manifest_key(d, r.job),
+                    manifest=manifest_key(d, r.job) if r.job else "",
                     at=r.at,
                 )
             return out

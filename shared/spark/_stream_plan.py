@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from .._errors import BadInput
@@ -91,9 +91,47 @@ def plan_batch(
     return BatchPlan(todo=tuple(d for d in datasets if d not in done), done=done)
 
 
+def stream_job_prefix(app_id: str, batch: int) -> str:
+    """Return the start of every job id of ``batch``'s runs: ``<app_id>-b<batch>-``."""
+    return f"{app_id}-b{batch}-"
+
+
+_RUN_SUFFIX = re.compile(r"[0-9a-f]{8}")
+
+
+def dead_runs(
+    staged_keys: Iterable[str], app_id: str, batch: int, current: str | None = None
+) -> dict[str, list[str]]:
+    """Return the runs of ``batch`` that left staged files, job -> datasets, from a staging listing (pure).
+
+    ``staged_keys`` are keys under ``_staging/<app_id>-b<batch>-``; a key of
+    another app whose id merely starts the same way (``<app_id>-b<batch>-x...``)
+    is not a run of this batch and is left out, as is ``current``.
+    """
+    prefix = stream_job_prefix(app_id, batch)
+    runs: dict[str, set[str]] = {}
+    for key in staged_keys:
+        parts = key.split("/", 3)
+        if len(parts) < 4:
+            continue
+        job, dataset = parts[1], parts[2]
+        if job == current or not job.startswith(prefix) or not _RUN_SUFFIX.fullmatch(job[len(prefix) :]):
+            continue
+        runs.setdefault(job, set()).add(dataset)
+    return {job: sorted(names) for job, names in sorted(runs.items())}
+
+
 def stream_job_id(app_id: str, batch: int) -> str:
     """Return a fresh job id for one run of ``batch``: ``<app_id>-b<batch>-<8 hex>``."""
-    return f"{app_id}-b{batch}-{secrets.token_hex(4)}"
+    return f"{stream_job_prefix(app_id, batch)}{secrets.token_hex(4)}"
 
 
-__all__ = ["BatchPlan", "StreamConflict", "check_app_id", "plan_batch", "stream_job_id"]
+__all__ = [
+    "BatchPlan",
+    "StreamConflict",
+    "check_app_id",
+    "dead_runs",
+    "plan_batch",
+    "stream_job_id",
+    "stream_job_prefix",
+]

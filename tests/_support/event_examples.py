@@ -25,6 +25,8 @@ from shared.events import (
     ShardsAssigned,
     ShardSetAside,
     StagedFile,
+    StreamBatch,
+    StreamReset,
     TaskFinished,
     WorkerJoined,
     WorkerLeft,
@@ -64,6 +66,13 @@ EXAMPLES: list[QueueEvent] = [
     ),
     JobFailed(job="j1", datasets=["sales"], reason="stage 3 failed: OOM", failed_at=1717171800.0),
     JobCancelled(job="j1", datasets=["sales", "refunds"], reason="user", cancelled_at=1.0),
+    JobStarted(
+        job="ingest-b7-0a1b2c3d",
+        datasets=["events"],
+        timeout_s=300,
+        started_at=1717171700.5,
+        stream=StreamBatch(app_id="ingest", batch=7, query="5b0c1f3e-2a4d-4c8e-9f10-1a2b3c4d5e6f"),
+    ),
 ]
 
 
@@ -87,4 +96,5 @@ ADMIN_EXAMPLES: list[AdminEvent] = [
     JobTimedOut(at=1.0, worker="w1", job="j1", datasets=["sales"], timeout_s=60, shard=33),
     OperatorAction(at=1.0, dataset="sales", job="j1", action="skip", operator="alice"),
     ShardSetAside(at=1.0, worker="w1", shard=5, key="cf:prod:{s5}:state:jobs", field="j1", reason="v2"),
+    StreamReset(at=1.0, app_id="ingest", datasets={"events": 7}, operator="alice"),
 ]

@@ -86,9 +86,10 @@ def test_caches_built_on_it_stay_compact() -> None:
     assert len(owners) == 1
 
     docs = _SeenDocs(limit=8)
-    docs.put("u", "w", ({"job-1": 3}, "v1"))
+    docs.put("u", "w", ({"job-1": 3}, {}, "v1"))
     got = docs.get("u", "w")
-    assert got == ({"job-1": 3}, "v1")
+    assert got == ({"job-1": 3}, {}, "v1")
     assert got is not None
     got[0]["job-1"] = 99  # the caller's copy: the memory is not changed through it
-    assert docs.get("u", "w") == ({"job-1": 3}, "v1")
+    got[1]["app"] = None  # type: ignore[assignment]
+    assert docs.get("u", "w") == ({"job-1": 3}, {}, "v1")

@@ -182,7 +182,7 @@ function follow() {
   source.onerror = () => { live.className = "live off"; live.textContent = "events: reconnecting"; };
   const types = ["worker_joined", "worker_left", "shards_assigned", "commit_started", "committed", "aborted",
     "quarantined", "lock_taken_over", "recovery_done", "message_rejected", "job_timed_out", "operator_action",
-    "shard_set_aside"];
+    "shard_set_aside", "stream_reset"];
   for (const type of types) {
     source.addEventListener(type, (msg) => {
       const ev = JSON.parse(msg.data);
