@@ -76,7 +76,7 @@ from shared.storage import CountingStore, LatencyModel, LatencyStore, open_store
 from tests._support.processes import FleetProcess, ThrowawayRedis, write_config
 
 SHARDS = 8
-SIDES = ("parquet", "fleet", "fleet-no-preflight", "fleet-cloud")
+SIDES = ("parquet", "fleet", "fleet-cloud")
 MODELLED_ONLY = ("fleet-cloud",)
 """Sides that run only on the latency store (elsewhere they are the same as ``fleet``)."""
 STORES = ("local", "latency")
@@ -114,7 +114,7 @@ PHASES = {
     "write": "the user's write -> batch.staged (the Spark action: tasks stage and publish)",
     "wait": "batch.staged -> batch.committed (JobFinished, the fleet's commit, the driver's wait)",
     "fleet": "batch.staged -> the result record written (the fleet's part of the wait)",
-    "commit": "the commit's own time, lock held (committed.duration_s)",
+    "commit": "the commit's own time under the lock, its claim and release not in it (committed.duration_s)",
     "record": "committed announced -> the result record written (the worker's status save)",
     "poll": "the result record written -> seen by the driver (its polling delay)",
 }
@@ -224,13 +224,11 @@ class BenchFleet:
     procs: list[FleetProcess]
 
     def producer(self, side: str) -> ProducerConfig:
-        """The producer's config of ``side``: ``fleet-cloud`` with the fleet's latency model, the others
-        on the plain store; ``fleet-no-preflight`` without the executor preflight."""
+        """The producer's config of ``side``: ``fleet-cloud`` with the fleet's latency model, ``fleet``
+        on the plain store."""
         store = self.settings.store if side == "fleet-cloud" else _plain(self.settings)
         cfg = ProducerConfig.from_settings(self.settings, job_timeout=60.0, app="bench")
-        return msgspec.structs.replace(
-            cfg, store=store, wait_timeout=120.0, preflight=side != "fleet-no-preflight"
-        )
+        return msgspec.structs.replace(cfg, store=store, wait_timeout=120.0)
 
     def logs(self) -> str:
         return "".join(f"\n===== {p.name} ({p.kind}) =====\n{p.output()[-4000:]}" for p in self.procs)
@@ -576,7 +574,7 @@ def run(opts: Options, out: TextIO) -> Report:
                             out.write(_line(r) + "\n")
                             out.flush()
                             report.add(r)
-        print_report(report, out)
+            print_report(report, out, store)
         return report
     finally:
         if spark is not None:
@@ -608,56 +606,67 @@ def _ms(values: Sequence[float]) -> str:
     return f"{statistics.median(values):.0f} / {pct(values, 99):.0f}" if values else "-"
 
 
-def print_report(report: Report, out: TextIO) -> None:
-    """The tables: per store and P, each side's batch p50/p99 and the fleet's against the parquet sink."""
+def print_report(report: Report, out: TextIO, store: str) -> None:
+    """The tables of ``store`` (printed when it is done): per P, each side's batch p50/p99 and the
+    fleet's against the parquet sink, the fleet's phases, the commit's critical path."""
     opts = report.options
+    modelled = store == "latency"
     out.write(
-        f"\nbatches of {opts.rows} rows per partition, {opts.batches} counted per query after "
+        f"\n{store}: batches of {opts.rows} rows per partition, {opts.batches} counted per query after "
         f"{opts.warmup} warm-up (x {opts.rounds} interleaved rounds), master {opts.master}, "
-        f"{opts.workers} workers; latency model median {opts.latency_ms:g} ms p99 {opts.p99_ms:g} ms\n"
-        "p50 / p99 in ms; batch = durationMs.triggerExecution, sink = durationMs.addBatch; "
-        "added = side's batch p50 - parquet's; trips = the commit's round trips on its critical path\n\n"
+        f"{opts.workers} workers"
+        + (f"; latency model median {opts.latency_ms:g} ms p99 {opts.p99_ms:g} ms" if modelled else "")
+        + "\np50 / p99 in ms; batch = durationMs.triggerExecution, sink = durationMs.addBatch; "
+        "added = the side's batch p50 - parquet's"
+        + (
+            "; trips = the commit's round trips on its critical path; core = the same commit's p50 on the "
+            "model, the commit core alone in this process"
+            if modelled
+            else ""
+        )
+        + "\n\n"
     )
-    out.write(
-        "| store | P | side | batch p50 / p99 | sink p50 / p99 | x parquet (p50) | added p50 | "
-        "trips x latency | added / (trips x latency) |\n"
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
-    )
-    for store in opts.stores:
-        for p in opts.partitions:
-            base = report.run(store, "parquet", p)
-            for side in SIDES:
-                r = report.run(store, side, p)
-                if r is None:
-                    continue
-                trig = [b.trigger_ms for b in r.batches]
-                row = [store, str(p), side, _ms(trig), _ms([b.add_ms for b in r.batches])]
-                if side == "parquet" or base is None:
-                    row += ["1.00", "-", "-", "-"]
-                else:
-                    b50 = statistics.median(b.trigger_ms for b in base.batches)
-                    added = statistics.median(trig) - b50
-                    row += [f"{statistics.median(trig) / b50:.2f}", f"{added:.0f}"]
-                    path = report.paths.get(p)
-                    if store == "latency" and path is not None:
-                        floor = path.trips * opts.latency_ms
-                        row += [
-                            f"{path.trips:.1f} x {opts.latency_ms:g} = {floor:.0f}",
-                            f"{added / floor:.2f}",
-                        ]
-                    else:
-                        row += ["-", "-"]
-                out.write("| " + " | ".join(row) + " |\n")
+    head = ["store", "P", "side", "batch p50 / p99", "sink p50 / p99", "x parquet (p50)", "added p50"]
+    if modelled:
+        head += ["trips x latency", "added / (trips x latency)", "core p50", "added / core p50"]
+    out.write("| " + " | ".join(head) + " |\n|" + " --- |" * len(head) + "\n")
+    for p in opts.partitions:
+        base = report.run(store, "parquet", p)
+        path = report.paths.get(p) if modelled else None
+        for side in SIDES:
+            r = report.run(store, side, p)
+            if r is None:
+                continue
+            trig = [b.trigger_ms for b in r.batches]
+            row = [store, str(p), side, _ms(trig), _ms([b.add_ms for b in r.batches])]
+            if side == "parquet" or base is None:
+                row += ["1.00"] + ["-"] * (len(head) - len(row) - 1)
+            else:
+                b50 = statistics.median(b.trigger_ms for b in base.batches)
+                added = statistics.median(trig) - b50
+                row += [f"{statistics.median(trig) / b50:.2f}", f"{added:.0f}"]
+                if path is not None:
+                    floor = path.trips * opts.latency_ms
+                    core = statistics.median(path.core_ms)
+                    row += [
+                        f"{path.trips:.1f} x {opts.latency_ms:g} = {floor:.0f}",
+                        f"{added / floor:.2f}",
+                        f"{core:.0f}",
+                        f"{added / core:.2f}",
+                    ]
+                elif modelled:
+                    row += ["-"] * 4
+            out.write("| " + " | ".join(row) + " |\n")
     out.write("\nthe fleet's batches, phases (p50 / p99 ms):\n")
     for name, what in PHASES.items():
         out.write(f"  {name}: {what}\n")
     out.write("\n| store | P | side | " + " | ".join(PHASES) + " |\n|" + " --- |" * (3 + len(PHASES)) + "\n")
     for r in report.runs:
-        if r.side == "parquet":
+        if r.side == "parquet" or r.store != store:
             continue
         cells = [_ms([b.phases[k] for b in r.batches]) for k in PHASES]
         out.write(f"| {r.store} | {r.partitions} | {r.side} | " + " | ".join(cells) + " |\n")
-    if report.paths:
+    if modelled and report.paths:
         out.write(
             "\none streaming commit of P files alone, lock to release, the commit core in this process:\n"
         )
@@ -668,6 +677,7 @@ def print_report(report: Report, out: TextIO) -> None:
                 f"{path.trips:.1f} round trips on the critical path; on the model p50 / p99 "
                 f"{_ms(path.core_ms)} ms = {statistics.median(path.core_ms) / floor:.2f} x trips x latency\n"
             )
+    out.flush()
 
 
 def _ints(text: str) -> tuple[int, ...]:
