@@ -119,6 +119,7 @@ def redis_errors(what: str) -> Iterator[None]:
     - OOM -> Throttled
     - NOGROUP, "no such key" -> NotFound
     - WRONGTYPE (a key used by something else) -> ConfigError
+    - WAITAOF refused (appendonly turned off, a server older than 7.2) -> ConfigError
 
     Other ``ResponseError``s, and an AttributeError or LookupError raised by our
     own code, are programming errors and propagate unchanged.
@@ -169,6 +170,10 @@ def redis_errors(what: str) -> Iterator[None]:
             raise ConfigError(f"{what}: a key has the wrong type (another program uses it?): {text}") from exc
         if text.startswith(("NOAUTH", "WRONGPASS")):
             raise ConfigError(f"redis refused our credentials during {what}: {text}") from exc
+        if "waitaof" in text.lower():
+            # Checked at start (redis.durability); seen later only when the server changed under
+            # us: appendonly turned off, or a failover to a node older than Redis 7.2.
+            raise ConfigError(f"redis can no longer give redis.durability during {what}: {text}") from exc
         raise
 
 

@@ -56,9 +56,8 @@ def publisher_for(config: ProducerConfig) -> SyncPublisher:
         config.hmac_secret,
         password=config.redis_password,
         socket_timeout=config.redis_socket_timeout,
-        wait_replicas=config.redis_wait_replicas,
-        wait_timeout=config.redis_wait_timeout,
         sign_version=config.sign_version,
+        durability=config.redis_settings.durable,
     )
 
 

@@ -23,9 +23,9 @@ from shared.queue import (
     connect,
     connect_sync,
     ensure_fleet,
-    wait_replicated,
+    make_durable,
 )
-from shared.settings import RedisSettings
+from shared.settings import Durability, RedisSettings
 from tests._support.fleet import fleet_settings, inprocess_fleet
 from tests._support.fleet_checks import admin_events, clean_audit, committed, no_wal_left
 from tests._support.fleet_jobs import good_job
@@ -82,33 +82,31 @@ async def test_publishers_wait_for_replicas_on_the_cluster(redis_cluster_url: st
         try:
             assert len(await asyncio.to_thread(sync.publish_many, evs)) == 40
             # Each master has one replica: asking for two can never be satisfied.
-            sync.wait_replicas = 2
+            sync.durability = Durability("replicas", 2, 1.0)
             with pytest.raises(TransientError, match="only 1 of 2 replicas"):
                 await asyncio.to_thread(sync.publish, evs[0])
         finally:
             sync.close()
         admin = AdminPublisher(client, Keys(fleet_name), wait_replicas=1, policy=policy)
         await admin.publish(WorkerJoined(at=1.0, worker="w"))
-        await wait_replicated(client, Keys(fleet_name).shard_state(3, "wait"), 1, 1.0)
+        await make_durable(client, Keys(fleet_name).shard_state(3, "wait"), Durability("replicas", 1, 1.0))
         with pytest.raises(TransientError, match="only 1 of 2"):
-            await wait_replicated(client, Keys(fleet_name).shard_state(3, "wait"), 2, 0.1)
+            await make_durable(
+                client, Keys(fleet_name).shard_state(3, "wait"), Durability("replicas", 2, 0.1)
+            )
     finally:
         await client.aclose()
 
 
 async def test_a_server_without_replicas_fails_wait_as_transient(redis_url: str, fleet_name: str) -> None:
+    # A publisher's first publish checks the level (a ConfigError, see tests/integration/
+    # test_durability.py); a wait that falls short after that is transient.
     client = connect(RedisSettings(url=redis_url))
     try:
-        pub = AsyncPublisher(
-            client,
-            fleet_name,
-            4,
-            wait_replicas=1,
-            wait_timeout=0.05,
-            policy=RetryPolicy(attempts=2).no_wait(),
-        )
         with pytest.raises(TransientError, match="only 0 of 1 replicas"):
-            await pub.publish(JobStarted(job="j", datasets=["d"], timeout_s=60, started_at=1.0))
+            await make_durable(
+                client, Keys(fleet_name).shard_state(0, "wait"), Durability("replicas", 1, 0.05)
+            )
     finally:
         await client.aclose()
 
