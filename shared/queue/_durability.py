@@ -18,9 +18,10 @@ retried (every such write is idempotent, or a duplicate the contract
 allows).
 
 A level the server cannot give stops a process at start with one line
-(:func:`check_durability`): the check runs the command itself after a
-one-byte write (on managed Redis without ``CONFIG`` that is the only way to
-know), and reads ``INFO`` and ``CONFIG`` only to say why, where they answer.
+(:func:`check_durability`): fewer connected replicas than asked, where
+``INFO replication`` answers; then, everywhere, the command itself after a
+one-byte write (on managed Redis without ``CONFIG`` or ``INFO`` that is the
+only way to know). ``CONFIG GET append*`` only helps say why.
 """
 
 from __future__ import annotations
@@ -127,16 +128,20 @@ async def make_durable(client: redis.asyncio.Redis, key: str, durability: Durabi
 
     Raises:
         TransientError: fewer acknowledgements within the level's timeout (the
-            writes stand on the master; the caller may write again, idempotently).
+            writes stand on the master; the caller may write again, idempotently),
+            or Redis unavailable.
+        ConfigError: the server no longer gives the level (WAITAOF refused).
     """
     if not durability.waits:
         return
-    if is_cluster(client):
-        await client.initialize()
-    async with client.pipeline(transaction=False) as pipe:
-        pipe.set(key, b"1")
-        waits = queue_durable(client, pipe, [key], durability)
-        check_durable(list(await pipe.execute()), waits, durability)
+    with redis_errors("make writes durable"):
+        if is_cluster(client):
+            await client.initialize()
+        async with client.pipeline(transaction=False) as pipe:
+            pipe.set(key, b"1")
+            waits = queue_durable(client, pipe, [key], durability)
+            replies = list(await pipe.execute())
+    check_durable(replies, waits, durability)
 
 
 def probe_keys(keys: Keys, shards: int) -> list[str]:
@@ -161,7 +166,7 @@ def _one_per_node(client: Any, keys: Sequence[str]) -> list[str]:
 
 
 def _text(value: object) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+    return (value.decode(errors="replace") if isinstance(value, bytes) else str(value)).strip()
 
 
 def _facts(info_server: object, info_repl: object, config: object) -> dict[str, str]:
@@ -222,6 +227,16 @@ def refusal(durability: Durability, reply: object, facts: dict[str, str]) -> str
     return f"{level} cannot be given: {why}{detail}"
 
 
+def _too_few_connected(durability: Durability, facts: dict[str, str]) -> None:
+    """Refuse at once when ``INFO replication`` (where it answers) counts fewer replicas than asked."""
+    connected = facts.get("connected_slaves", "")
+    if durability.replicas and connected.isdigit() and int(connected) < durability.replicas:
+        raise ConfigError(
+            f'redis.durability = "{durability.level}" waits for {durability.replicas} replicas, '
+            f"but {connected} are connected to the master ({_server(facts)}, INFO replication)"
+        )
+
+
 def _probe(durability: Durability) -> Durability:
     return Durability(durability.level, durability.replicas, max(durability.timeout, PROBE_TIMEOUT_S))
 
@@ -273,6 +288,8 @@ async def check_durability(client: redis.asyncio.Redis, durability: Durability, 
     with redis_errors("check redis.durability"):
         if is_cluster(client):
             await client.initialize()
+        facts = await _facts_async(client)
+        _too_few_connected(durability, facts)
         targets = _one_per_node(client, keys)
         started = time.monotonic()
         async with client.pipeline(transaction=False) as pipe:
@@ -286,7 +303,7 @@ async def check_durability(client: redis.asyncio.Redis, durability: Durability, 
                 raise reply  # the one-byte write itself failed: READONLY, NOPERM, ... (translated)
         for reply in replies[-waits:]:
             if refusal(durability, reply, {}) is not None:
-                raise ConfigError(refusal(durability, reply, await _facts_async(client)))
+                raise ConfigError(refusal(probe, reply, facts))
     _note_slow(durability, elapsed)
 
 
@@ -296,6 +313,8 @@ def check_durability_sync(client: redis.Redis, durability: Durability, keys: Seq
         return
     probe = _probe(durability)
     with redis_errors("check redis.durability"):
+        facts = _facts_sync(client)
+        _too_few_connected(durability, facts)
         targets = _one_per_node(client, keys)
         started = time.monotonic()
         pipe = client.pipeline(transaction=False)
@@ -309,7 +328,7 @@ def check_durability_sync(client: redis.Redis, durability: Durability, keys: Seq
                 raise reply
         for reply in replies[-waits:]:
             if refusal(durability, reply, {}) is not None:
-                raise ConfigError(refusal(durability, reply, _facts_sync(client)))
+                raise ConfigError(refusal(probe, reply, facts))
     _note_slow(durability, elapsed)
 
 
