@@ -47,7 +47,6 @@ from shared.queue import (
     encode_result,
     entries_from_reply,
     is_cluster,
-    make_durable,
     queue_durable,
     redis_errors,
 )
@@ -401,35 +400,38 @@ class ShardStateStore:
         read is an empty list; TransientError when the wait fell short (the save is idempotent).
         """
         durability = self._durability
-        marker = self._keys.shard_state(self.shard, "wait")
         if durability.waits and is_cluster(self.redis):
             await self.redis.initialize()  # the slot map routes the wait
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.evalsha(self.script_sha, len(prep.keys), *prep.keys, *prep.args)
-            if count:
-                pipe.xreadgroup(DEFAULT_GROUP, self.consumer, {self.stream: ">"}, count=count)
-            waits = 0
-            if durability.waits:
-                pipe.set(marker, b"1")
-                waits = queue_durable(self.redis, pipe, [marker], durability)
-            replies = list(await pipe.execute(raise_on_error=False))
-        saved = replies[0]
+        replies = await self._pipelined(prep, count)
         read = replies[1] if count else None
         ahead = [] if read is None or isinstance(read, BaseException) else entries_from_reply(read)
-        if isinstance(saved, rx.NoScriptError):
-            # Redis did not know the script (restarted, or its scripts flushed): the wait above
-            # covered nothing of it. Run it (loading it first), then wait on a connection of its own.
-            saved = await self.run_script(prep)
-            if saved == 1:
-                await make_durable(self.redis, marker, durability)
-            return saved, ahead
-        saved = await self.settle(prep, saved)
-        if saved == 1 and waits:
+        if isinstance(replies[0], rx.NoScriptError):
+            # Redis did not know the script (restarted, or its scripts flushed): nothing was written
+            # and the wait covered nothing. Load it and save again, the wait behind it as before.
+            await self.redis.script_load(_SAVE_LUA)
+            replies = await self._pipelined(prep, 0)
+        saved = await self.settle(prep, replies[0])
+        waits = len(replies) - (2 if count else 1) - 1  # after the script (and the read): SET, waits
+        if saved == 1 and durability.waits:
             for reply in replies[-waits - 1 :]:  # the marker's SET, then the waits
                 if isinstance(reply, BaseException):
                     raise reply
             check_durable(replies, waits, durability)
         return saved, ahead
+
+    async def _pipelined(self, prep: Prepared, count: int) -> list[object]:
+        """Return the replies (errors included) of the save script, the read behind it (``count`` > 0)
+        and, with a durability level, the marker's one-byte write and the level's waits."""
+        durability = self._durability
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.evalsha(self.script_sha, len(prep.keys), *prep.keys, *prep.args)
+            if count:
+                pipe.xreadgroup(DEFAULT_GROUP, self.consumer, {self.stream: ">"}, count=count)
+            if durability.waits:
+                marker = self._keys.shard_state(self.shard, "wait")
+                pipe.set(marker, b"1")
+                queue_durable(self.redis, pipe, [marker], durability)
+            return list(await pipe.execute(raise_on_error=False))
 
     async def forget_ended(self, jobs: Iterable[str]) -> None:
         """Drop the records of ended jobs past their retention."""
