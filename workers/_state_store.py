@@ -35,7 +35,7 @@ import msgspec
 import redis.asyncio
 import redis.exceptions as rx
 
-from shared import BadInput, Fenced
+from shared import BadInput, Durability, Fenced, resolve_durability
 from shared.queue import (
     DEFAULT_GROUP,
     RESULT_RETENTION_S,
@@ -50,7 +50,6 @@ from shared.queue import (
     queue_durable,
     redis_errors,
 )
-from shared.settings import Durability, resolve_durability
 
 from ._core import STATE_VERSION, Attempt, Ended, JobMeta, ShardJobs, attempt_field
 
