@@ -423,7 +423,11 @@ class ShardStateStore:
         and, with a durability level, the marker's one-byte write and the level's waits."""
         durability = self._durability
         async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.evalsha(self.script_sha, len(prep.keys), *prep.keys, *prep.args)
+            if is_cluster(self.redis):
+                # redis-py refuses EVALSHA in a cluster pipeline; the script's text it sends as is.
+                pipe.eval(_SAVE_LUA, len(prep.keys), *prep.keys, *prep.args)
+            else:
+                pipe.evalsha(self.script_sha, len(prep.keys), *prep.keys, *prep.args)
             if count:
                 pipe.xreadgroup(DEFAULT_GROUP, self.consumer, {self.stream: ">"}, count=count)
             if durability.waits:

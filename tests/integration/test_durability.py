@@ -19,6 +19,7 @@ from coordinator import Coordinator
 from shared import ConfigError, Settings, TransientError, load_settings
 from shared.events import JobStarted
 from shared.queue import (
+    DEFAULT_GROUP,
     AsyncPublisher,
     Keys,
     SyncPublisher,
@@ -34,6 +35,8 @@ from shared.spark import ProducerConfig
 from shared.spark._publishing import publish as spark_publish
 from tests._support.cli import cli, cli_env
 from tests._support.redis_server import RedisServer, modern_redis_server, server_version, wait_replica_synced
+from tests._support.shard_state import SHARD, pending_entries, state_and_batch
+from workers._state_store import ShardStateStore
 
 Factory = Callable[..., RedisServer]
 
@@ -256,3 +259,29 @@ async def test_a_wait_that_falls_short_after_start_is_transient(
     finally:
         await client.aclose()
         sync.close()
+
+
+async def test_a_save_reloads_a_flushed_script_and_still_waits(
+    redis_factory: Factory, fleet_name: str
+) -> None:
+    master = redis_factory()
+    replica = redis_factory(replica_of=master)
+    wait_replica_synced(master, replica)
+    client = connect(RedisSettings(url=master.url))
+    keys = Keys(fleet_name)
+    try:
+        await client.set(keys.shard_state(SHARD, "owner"), b"w1@1")
+        store = ShardStateStore(client, keys, SHARD, b"w1@1", durability=Durability("replicas", 1, 1.0))
+        for _ in range(2):  # the first finds no script (never loaded), the second one flushed
+            await client.script_flush()
+            ids = await pending_entries(client, keys, 3)
+            state, batch = state_and_batch(ids, attempts=2)
+            await store.save(batch, state)
+            assert (await client.xpending(keys.events(SHARD), DEFAULT_GROUP))["pending"] == 0
+        replica_client = redis.Redis(port=replica.port)
+        try:
+            assert replica_client.hexists(keys.job_result(SHARD, "j0"), "ds")  # WAIT: the replica has it
+        finally:
+            replica_client.close()
+    finally:
+        await client.aclose()
