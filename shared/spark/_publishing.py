@@ -5,6 +5,7 @@ from __future__ import annotations
 from .._errors import ConfigError
 from ..events import QueueEvent, ValidationLimits, decode_event, encode_event
 from ..queue import SyncPublisher, connect, read_fleet_meta
+from ..settings import resolve_durability
 from ._config import ProducerConfig
 from ._executor_runtime import process_runtime
 
@@ -57,7 +58,10 @@ def publisher_for(config: ProducerConfig) -> SyncPublisher:
         password=config.redis_password,
         socket_timeout=config.redis_socket_timeout,
         sign_version=config.sign_version,
-        durability=config.redis_settings.durable,
+        # Validated when the config was built; resolved here without re-building its RedisSettings.
+        durability=resolve_durability(
+            config.redis_durability, config.redis_wait_replicas, config.redis_wait_timeout
+        ),
     )
 
 
