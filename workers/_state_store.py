@@ -404,13 +404,15 @@ class ShardStateStore:
         replies = await self._pipelined(prep, count)
         read = replies[1] if count else None
         ahead = [] if read is None or isinstance(read, BaseException) else entries_from_reply(read)
+        read_replies = 1 if count else 0
         if isinstance(replies[0], rx.NoScriptError):
             # Redis did not know the script (restarted, or its scripts flushed): nothing was written
             # and the wait covered nothing. Load it and save again, the wait behind it as before.
             await self.redis.script_load(_SAVE_LUA)
             replies = await self._pipelined(prep, 0)
+            read_replies = 0
         saved = await self.settle(prep, replies[0])
-        waits = len(replies) - (2 if count else 1) - 1  # after the script (and the read): SET, waits
+        waits = len(replies) - 1 - read_replies - 1  # after the script (and the read): the SET, the waits
         if saved == 1 and durability.waits:
             for reply in replies[-waits - 1 :]:  # the marker's SET, then the waits
                 if isinstance(reply, BaseException):

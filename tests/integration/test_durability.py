@@ -283,5 +283,14 @@ async def test_a_save_reloads_a_flushed_script_and_still_waits(
             assert replica_client.hexists(keys.job_result(SHARD, "j0"), "ds")  # WAIT: the replica has it
         finally:
             replica_client.close()
+        # With a read sent behind the save too, a wait that falls short after the reload still counts.
+        short = ShardStateStore(
+            client, keys, SHARD, b"w1@1", durability=Durability("replicas", 2, 0.05), consumer="w1"
+        )
+        await client.script_flush()
+        ids = await pending_entries(client, keys, 3)
+        state, batch = state_and_batch(ids, attempts=2)
+        with pytest.raises(TransientError, match="only 1 of 2 replicas"):
+            await short.save(batch, state, read_next=10)
     finally:
         await client.aclose()
