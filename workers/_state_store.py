@@ -45,6 +45,7 @@ from shared.queue import (
     as_text,
     encode_result,
     entries_from_reply,
+    keep_repeated_fields,
     redis_errors,
     wait_replicated,
 )
@@ -199,7 +200,7 @@ class ShardStateStore:
             raise ValueError("results_max must be >= 1")
         self.consumer = consumer
         self._results_max = results_max
-        self.redis = redis_client
+        self.redis = keep_repeated_fields(redis_client)  # the read ahead sees a repeated field name
         # redis.wait_replicas: each save waits for that many replicas (docs/queue.md "Redis Cluster").
         self._wait = (wait_replicas, wait_timeout)
         self._keys = keys

@@ -9,7 +9,7 @@ from ._cluster import wait_replicated
 from ._connect import connect, connect_sync, redis_errors
 from ._consumer import DEFAULT_GROUP, ConsumerInfo, ShardConsumer, ShardLag, Trimmed, trim_acknowledged
 from ._dead_letters import DeadLetter, cap_dead_letters, count_dead_letters, read_dead_letters
-from ._entry import Entry, as_text, entries_from_raw, entries_from_reply, id_key
+from ._entry import Entry, as_text, entries_from_raw, entries_from_reply, fields_of, id_key
 from ._fleet_meta import (
     DEFAULT_SHARDS,
     FleetMeta,
@@ -44,6 +44,7 @@ from ._operator_requests import (
 )
 from ._publisher import AsyncPublisher, SyncPublisher, plan_entries, retry_sync
 from ._routing import group_by_shard, shard_of, split_by_shard
+from ._stream_replies import keep_repeated_fields
 from ._stream_runs import (
     StreamRun,
     delete_stream_run,
@@ -82,6 +83,8 @@ __all__ = [
     "Entry",
     "entries_from_raw",
     "entries_from_reply",
+    "fields_of",
+    "keep_repeated_fields",
     "FleetMeta",
     "Keys",
     "OperatorRequest",
