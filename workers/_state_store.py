@@ -388,7 +388,9 @@ class ShardStateStore:
         Raises: the script's own error (a redis-py exception); a failed read is an empty list.
         """
         async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.evalsha(self.script_sha, len(prep.keys), *prep.keys, *prep.args)
+            # Not pipe.evalsha: redis-py's cluster pipeline refuses that method (it would
+            # crash the shard under a backlog on Redis Cluster); the command itself is fine.
+            pipe.execute_command("EVALSHA", self.script_sha, len(prep.keys), *prep.keys, *prep.args)
             pipe.xreadgroup(DEFAULT_GROUP, self.consumer, {self.stream: ">"}, count=count)
             saved, read = await pipe.execute(raise_on_error=False)
         ahead = [] if isinstance(read, BaseException) else entries_from_reply(read)
