@@ -47,6 +47,7 @@ from shared.queue import (
     encode_result,
     entries_from_reply,
     is_cluster,
+    keep_repeated_fields,
     queue_durable,
     redis_errors,
 )
@@ -204,7 +205,7 @@ class ShardStateStore:
             raise ValueError("results_max must be >= 1")
         self.consumer = consumer
         self._results_max = results_max
-        self.redis = redis_client
+        self.redis = keep_repeated_fields(redis_client)  # the read ahead sees a repeated field name
         # redis.durability: each save (state, job results and XACK) returns only once it is as durable
         # as the level says (docs/queue.md "Durability").
         self._durability = durability or resolve_durability("", wait_replicas, wait_timeout)

@@ -18,7 +18,7 @@ from ._durability import (
     probe_keys,
     queue_durable,
 )
-from ._entry import Entry, as_text, entries_from_raw, entries_from_reply, id_key
+from ._entry import Entry, as_text, entries_from_raw, entries_from_reply, fields_of, id_key
 from ._fleet_meta import (
     DEFAULT_SHARDS,
     FleetMeta,
@@ -53,6 +53,7 @@ from ._operator_requests import (
 )
 from ._publisher import AsyncPublisher, SyncPublisher, plan_entries, retry_sync
 from ._routing import group_by_shard, shard_of, split_by_shard
+from ._stream_replies import keep_repeated_fields
 from ._stream_runs import (
     StreamRun,
     delete_stream_run,
@@ -98,6 +99,8 @@ __all__ = [
     "Entry",
     "entries_from_raw",
     "entries_from_reply",
+    "fields_of",
+    "keep_repeated_fields",
     "FleetMeta",
     "Keys",
     "OperatorRequest",

@@ -24,13 +24,14 @@ from redis.commands.core import AsyncScript
 
 from .._aio import raise_if_cancelling
 from .._retry import RetryPolicy, retry
-from ..events import DATA_FIELD, AdminEvent, InvalidMessage, decode_admin, encode_admin
+from ..events import DATA_FIELD, AdminEvent, InvalidMessage, RepeatedFields, decode_admin, encode_admin
 from ..settings import Durability, resolve_durability
 from ._cluster import is_cluster
 from ._connect import redis_errors
 from ._durability import check_durable, queue_durable
 from ._entry import Entry, as_bytes, entries_from_reply
 from ._keys import Keys
+from ._stream_replies import keep_repeated_fields
 
 log = logging.getLogger(__name__)
 
@@ -247,7 +248,9 @@ def _decoded(entries: list[Entry]) -> list[tuple[bytes, AdminEvent]]:
     for entry in entries:
         data = entry.fields.get(_DATA)
         if data is None:
-            log.warning("admin entry %s has no data field; skipped", entry.id.decode())
+            fields = entry.fields
+            why = fields.rejection().detail if type(fields) is RepeatedFields else "has no data field"
+            log.warning("admin entry %s skipped: %s", entry.id.decode(), why)
             continue
         try:
             out.append((entry.id, decode_admin(data)))
@@ -286,6 +289,7 @@ async def follow_admin(
     Close the generator (``aclose``) when you stop iterating early.
     """
     policy = policy or RetryPolicy()
+    keep_repeated_fields(redis_client)
     last: bytes
     if from_id in ("$", b"$"):
         last = await retry(lambda: _last_id(redis_client, keys), policy)
@@ -319,6 +323,7 @@ async def read_admin_range(
     Raises:
         TransientError: Redis is unreachable.
     """
+    keep_repeated_fields(redis_client)
     with redis_errors("XRANGE admin"):
         rows = await redis_client.xrange(keys.admin, min=start, max=end, count=count)
     return _decoded(entries_from_reply([[keys.admin, rows]]))

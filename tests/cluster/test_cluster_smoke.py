@@ -30,6 +30,7 @@ from tests._support.fleet import fleet_settings, inprocess_fleet
 from tests._support.fleet_checks import admin_events, clean_audit, committed, no_wal_left
 from tests._support.fleet_jobs import good_job
 from tests._support.ports import free_port
+from tests._support.repeated_fields import check_repeated, seed_repeated
 from tests._support.wait import wait_for
 
 
@@ -64,6 +65,29 @@ async def test_publish_and_commit_through_a_cluster(
             status = await get_status(settings)  # the CLI's status, through the cluster
             assert status["fleet"] == fleet_name, status
         assert await client.scard(Keys(fleet_name).workers) == 0
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.redis_cluster
+async def test_repeated_field_names_are_dead_lettered_on_a_cluster(
+    redis_cluster_url: str, fleet_name: str, tmp_path: Path
+) -> None:
+    """tests/fleet/test_repeated_fields.py on the cluster, where a save reads ahead through
+    redis-py's cluster pipeline (not a raw connection) and replies are parsed per node."""
+    settings = fleet_settings(
+        redis_cluster_url,
+        tmp_path / "store",
+        fleet_name,
+        shards=4,
+        security={"hmac_secret": "repeat-secret"},
+        worker={"read_batch": 3},
+    )
+    client = connect(settings.redis)
+    try:
+        seeded = await seed_repeated(client, settings, shard=1, worker="w1")
+        async with inprocess_fleet(client, settings, ensure=False) as fleet:
+            await check_repeated(fleet, seeded)
     finally:
         await client.aclose()
 
