@@ -6,6 +6,7 @@ Credentials are :class:`Secret` values, masked wherever they are shown; a
 password written in a Redis URL is moved out of it (:func:`split_redis_url`).
 """
 
+from ._durability import LEVELS, MEMORY, Durability, DurabilityLevel, resolve_durability
 from ._load import load_settings
 from ._redis_url import ClusterUrl, is_cluster_url, masked_url, parse_cluster_url, split_redis_url
 from ._secret import MASK, Secret, coerce_secret, secret_dec_hook, secret_enc_hook
@@ -30,7 +31,11 @@ from ._sections import (
 )
 
 __all__ = [
+    "LEVELS",
     "MASK",
+    "MEMORY",
+    "Durability",
+    "DurabilityLevel",
     "AdminSettings",
     "ClusterUrl",
     "CommitSettings",
@@ -55,6 +60,7 @@ __all__ = [
     "load_settings",
     "masked_url",
     "parse_cluster_url",
+    "resolve_durability",
     "secret_dec_hook",
     "secret_enc_hook",
     "split_redis_url",

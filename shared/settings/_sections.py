@@ -21,6 +21,7 @@ from typing import Literal
 
 import msgspec
 
+from ._durability import Durability, resolve_durability
 from ._redis_url import is_cluster_url, parse_cluster_url, split_redis_url
 from ._secret import Secret, coerce_secret
 
@@ -62,10 +63,14 @@ class RedisSettings(_Section, frozen=True):
     password: Secret = Secret()
     socket_timeout: float = 10.0
 
-    # -- Redis Cluster and durability (docs/queue.md "Redis Cluster") --------------
+    # -- Durability (docs/queue.md "Durability") and Redis Cluster ("Redis Cluster") ---------
     # redis+cluster://host:port[,host:port...] (rediss+cluster:// with TLS) selects a cluster.
-    # wait_replicas > 0: publishers and workers' state writes WAIT for that many replicas
-    # (at most wait_timeout seconds each) and treat fewer acknowledgements as a transient error.
+    # durability: "memory", "replicas" (WAIT), "aof" (WAITAOF 1 0, Redis 7.2+) or "aof+replicas"
+    # (WAITAOF 1 n): what the fleet's durable writes wait for after Redis acknowledged them.
+    # "" (not set): "memory", or "replicas" when wait_replicas > 0 (the older setting, an alias).
+    # wait_replicas: the n of "replicas" / "aof+replicas" (0 there means 1); wait_timeout: seconds
+    # per WAIT / WAITAOF; fewer acknowledgements is a transient error (the write is retried).
+    durability: str = ""
     wait_replicas: int = 0
     wait_timeout: float = 1.0
 
@@ -84,10 +89,12 @@ class RedisSettings(_Section, frozen=True):
             raise ValueError(
                 "redis.url must start with redis://, rediss://, unix://, redis+cluster:// or rediss+cluster://"
             )
-        if self.wait_replicas < 0:
-            raise ValueError("redis.wait_replicas must be >= 0")
-        if self.wait_timeout <= 0:
-            raise ValueError("redis.wait_timeout must be > 0 seconds")
+        resolve_durability(self.durability, self.wait_replicas, self.wait_timeout)  # one-line ValueError
+
+    @property
+    def durable(self) -> Durability:
+        """The durability level these settings ask for, resolved (``durability`` with ``wait_replicas``)."""
+        return resolve_durability(self.durability, self.wait_replicas, self.wait_timeout)
 
 
 class StoreSettings(_Section, frozen=True):
