@@ -11,7 +11,10 @@ replicas. The Sentinels are quick on purpose: a master silent for
 
 ``kill_master()`` SIGKILLs the master, ``freeze_master()`` SIGSTOPs it and
 ``thaw(server)`` SIGCONTs it (each signals the server's process group by its
-id); ``wait_failover(old)`` returns once every Sentinel names another master
+id; ``replicas()`` are the other data nodes, to freeze them the same way);
+``cut_replication()`` closes the master's links to its replicas (what it
+acknowledges next reaches no replica until they reconnect);
+``wait_failover(old)`` returns once every Sentinel names another master
 and that master has a synced replica; ``wait_demoted(old)`` once the old
 master serves as a replica of the new one. ``stop()`` stops every process.
 
@@ -27,7 +30,7 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,6 +68,8 @@ class SentinelServer(RedisServer):
     monitor_port: int = 0
     auth_pass: str = ""
     requirepass: str = ""
+    conf: Sequence[str] = ()
+    """More sentinel.conf lines (``user ...`` ACL lines, say)."""
 
     def argv(self) -> list[str]:
         binary = shutil.which("redis-server")
@@ -87,6 +92,7 @@ class SentinelServer(RedisServer):
                 lines.append(f"sentinel auth-pass {SERVICE} {self.auth_pass}")
             if self.requirepass:
                 lines.append(f"requirepass {self.requirepass}")
+            lines += self.conf
             conf.write_text("\n".join(lines) + "\n")
         return [binary, str(conf), "--sentinel"]
 
@@ -132,6 +138,10 @@ class LocalSentinelGroup:
             self.sentinels.append(sentinel)
             sentinel.start()
         _poll(self._ready, READY_TIMEOUT, "the sentinel group did not settle")
+
+    def node(self, port: int) -> redis.Redis:
+        """Return a blocking client of the data node on ``port`` (the caller closes it)."""
+        return self._node(port)
 
     def _node(self, port: int) -> redis.Redis:
         return redis.Redis(port=port, password=self.password or None, socket_timeout=1.0)
@@ -202,6 +212,19 @@ class LocalSentinelGroup:
         server.freeze()
         return server
 
+    def replicas(self) -> list[RedisServer]:
+        """Return the live data nodes other than the master."""
+        port = self.master_port()
+        return [n for n in self.nodes if n.port != port and n.proc is not None and n.proc.poll() is None]
+
+    def cut_replication(self) -> int:
+        """Close the master's connections to its replicas (``CLIENT KILL TYPE replica``); return how many."""
+        r = self._node(self.master_port())
+        try:
+            return int(r.execute_command("CLIENT", "KILL", "TYPE", "replica"))
+        finally:
+            r.close()
+
     def thaw(self, server: RedisServer) -> None:
         """SIGCONT a frozen server."""
         server.thaw()
@@ -236,7 +259,11 @@ class LocalSentinelGroup:
 
     def role(self, server: RedisServer) -> str:
         """Return what ``server`` says it is (``master`` or ``slave``)."""
-        return str(self._replication(server.port).get("role"))
+        return self.role_of(server.port)
+
+    def role_of(self, port: int) -> str:
+        """Return what the data node on ``port`` says it is (``master`` or ``slave``)."""
+        return str(self._replication(port).get("role"))
 
     def stop(self) -> None:
         """Stop every process (by process group id); a frozen one is thawed first."""

@@ -130,6 +130,27 @@ async def test_a_misconfigured_sentinel_url_is_a_config_error_at_once(group: Loc
         await _first_command(with_password(url) + "?sentinel_auth=same")
     finally:
         locked.stop()
+    # The recommended shape: one ACL user on the data nodes and the Sentinels, where all the fleet asks a
+    # Sentinel for is SENTINEL MASTERS.
+    master = group.node(group.master().port)
+    try:
+        master.acl_setuser("app", enabled=True, passwords=[f"+{PASSWORD}"], keys=["*"], commands=["+@all"])
+    finally:
+        master.close()
+    acl = SentinelServer(
+        group.workdir / "sentinel-acl",
+        monitor_port=group.master().port,
+        auth_pass=PASSWORD,
+        conf=["user default off", f"user app on >{PASSWORD} -@all +sentinel|masters"],
+    )
+    acl.start()
+    try:
+        url = f"redis+sentinel://app:{PASSWORD}@127.0.0.1:{acl.port}/{SERVICE}"
+        with pytest.raises(ConfigError, match=r"\?sentinel_auth=same"):
+            await _first_command(url)
+        await _first_command(url + "?sentinel_auth=same")
+    finally:
+        acl.stop()
     assert time.monotonic() - started < 10, "a configuration error must not wait for a retry budget"
 
 
