@@ -1,5 +1,5 @@
 # The two commands of the README: `make demo` and `make test`.
-.PHONY: demo test lint typecheck check stress chaos bench bootstrap schema spark-cluster redis-cluster redis-ha
+.PHONY: demo test lint typecheck check stress chaos streaming bench bootstrap schema spark-cluster redis-cluster redis-ha
 
 VENV := .venv/bin
 
@@ -25,6 +25,10 @@ stress: bootstrap
 
 chaos: bootstrap
 	$(VENV)/pytest -q -m chaos
+
+# Structured Streaming drivers SIGKILLed at every crash point and restarted from their checkpoint.
+streaming: bootstrap
+	$(VENV)/pytest -q -m streaming
 
 # A real Spark standalone cluster (master + 2 workers from the installed pyspark) and spark-submit.
 spark-cluster: bootstrap

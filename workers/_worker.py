@@ -273,14 +273,20 @@ class Worker:
     async def _leave(self, ctx: WorkerContext, *, reason: str | None) -> None:
         """Deregister and publish ``worker_left`` (``reason`` None: deregister only); best effort, bounded."""
         self._leaving.set()
+        removed: bool | None = None  # None: unknown (Redis failed): announced here, as before
         try:
             async with asyncio.timeout(LEAVE_TIMEOUT_S):
-                await ctx.registry.deregister(self.worker_id)
+                removed = await ctx.registry.deregister(self.worker_id)
         except (TransientError, TimeoutError) as exc:
             log.warning(
                 "could not deregister; the lease will expire", extra=kv(error=str(exc) or type(exc).__name__)
             )
         if reason is None:
+            return
+        if removed is False:
+            # Not a member any more: the coordinator forgot it when its lease expired, and published that
+            # worker_left itself (one departure, one event).
+            log.info("worker left", extra=kv(worker=self.worker_id, reason=reason, announced="coordinator"))
             return
         try:
             async with asyncio.timeout(LEAVE_TIMEOUT_S):

@@ -133,14 +133,12 @@ async def verify_stream(settings: Settings, rows: int, console: Console) -> bool
 
 
 def _table_check(settings: Settings, rows: int) -> tuple[bool, list[str]]:
-    from shared.commit import load_table, open_catalog
+    from shared.commit import STREAM_BATCH_PROPERTY, load_table, open_catalog
 
     tbl = load_table(open_catalog(settings, settings.store.url), TABLE)
     if tbl is None:
         return False, [f"[red]table {TABLE} missing[/]"]
-    batches = [
-        int(s.summary.get("commitfleet.stream.batch", "-1")) for s in tbl.metadata.snapshots if s.summary
-    ]
+    batches = [int(s.summary.get(STREAM_BATCH_PROPERTY, "-1")) for s in tbl.metadata.snapshots if s.summary]
     ids = tbl.scan().to_arrow().column("id").to_pylist()
     ok = sorted(ids) == list(range(rows)) and batches == list(range(FILES))
     lines = [

@@ -11,7 +11,16 @@ from ._abort import abort_dataset, cleanup_staged_attempt
 from ._audit import AuditReport, AuditViolation, ViolationKind, audit
 from ._bounded import for_each_bounded
 from ._catalog import CommitToTable, resolve_binding, table_step
-from ._catalog_ops import DATASET_PROPERTY, JOB_PROPERTY, catalog_properties, load_table, open_catalog
+from ._catalog_ops import (
+    DATASET_PROPERTY,
+    JOB_PROPERTY,
+    STREAM_APP_PROPERTY,
+    STREAM_BATCH_PROPERTY,
+    STREAM_QUERY_PROPERTY,
+    catalog_properties,
+    load_table,
+    open_catalog,
+)
 from ._commit import commit_dataset, execute_sequence, recover_dataset
 from ._errors import CommitStepFailed
 from ._model import (
@@ -50,6 +59,9 @@ __all__ = [
     "DEFAULT_REGISTRY",
     "REFUSED_PREFIX",
     "JOB_PROPERTY",
+    "STREAM_APP_PROPERTY",
+    "STREAM_BATCH_PROPERTY",
+    "STREAM_QUERY_PROPERTY",
     "AbortResult",
     "AdvanceWatermarks",
     "AuditReport",

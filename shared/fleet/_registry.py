@@ -112,8 +112,7 @@ return redis.call('SREM', KEYS[2], ARGV[1])
 _FORGET = """
 local gone = {}
 for i, wid in ipairs(ARGV) do
-  if redis.call('EXISTS', KEYS[i + 1]) == 0 then
-    redis.call('SREM', KEYS[1], wid)
+  if redis.call('EXISTS', KEYS[i + 1]) == 0 and redis.call('SREM', KEYS[1], wid) == 1 then
     gone[#gone + 1] = wid
   end
 end
@@ -186,11 +185,18 @@ class FleetRegistry:
             )
         return bool(ok)
 
-    async def deregister(self, worker: str) -> None:
-        """Remove the worker's lease and membership (safe to call twice)."""
+    async def deregister(self, worker: str) -> bool:
+        """Remove the worker's lease and membership (safe to call twice).
+
+        Returns:
+            True when this call removed the member; False when it was not a
+            member any more (the coordinator forgot it when its lease expired,
+            and announced that departure itself: ``forget`` and this are one
+            atomic ``SREM`` each, so exactly one of them removes it).
+        """
         with redis_errors("deregister worker"):
             keys = Keys.one_slot([self._lease_key(worker), self.keys.workers])
-            await self._r.eval(_DEREGISTER, 2, *keys, worker)
+            return bool(await self._r.eval(_DEREGISTER, 2, *keys, worker))
 
     async def members(self) -> tuple[dict[str, WorkerInfo], set[str]]:
         """Return (live workers by id, registered ids whose lease has expired)."""
@@ -209,6 +215,9 @@ class FleetRegistry:
 
     async def forget(self, workers: set[str]) -> set[str]:
         """Drop from the member set those of ``workers`` whose lease is still expired; return them.
+
+        Only those this call removed are returned (a worker that deregistered
+        meanwhile announced its own departure).
 
         The check and the removal are one script: a worker that re-registered
         after :meth:`members` saw its lease expired (a Redis failover can

@@ -131,7 +131,8 @@ def redis_errors(what: str) -> Iterator[None]:
       over a connection closed under it or over its cluster slot map
       (an AttributeError or LookupError raised inside redis-py) -> TransientError
     - OOM -> Throttled
-    - NOGROUP, "no such key" -> NotFound
+    - NOGROUP, "no such key", UNBLOCKED because the key was deleted -> NotFound
+    - UNBLOCKED for any other reason (the server became a replica) -> TransientError
     - WRONGTYPE (a key used by something else) -> ConfigError
 
     Other ``ResponseError``s, and an AttributeError or LookupError raised by our
@@ -177,6 +178,12 @@ def redis_errors(what: str) -> Iterator[None]:
         text = _message(exc)
         if text.startswith("NOGROUP") or "no such key" in text.lower():
             raise NotFound(f"{what}: {text}") from exc
+        if text.startswith("UNBLOCKED"):
+            # A blocked XREADGROUP ended by Redis: its key was deleted (FLUSHALL, DEL: the
+            # stream is gone, like NOGROUP), or the server stopped being a master (failover).
+            if "no longer exists" in text:
+                raise NotFound(f"{what}: {text}") from exc
+            raise TransientError(f"redis ended a blocked {what}: {text}") from exc
         if text.startswith(("MISCONF", "LOADING", "MASTERDOWN", "NOREPLICAS")):
             raise TransientError(f"redis cannot serve {what} now: {text}") from exc
         if text.startswith("WRONGTYPE"):

@@ -16,9 +16,10 @@ does on a failover, and what we rely on (redis-py 8.1):
   the Sentinels again; a new master address drops every idle connection of
   the pool, so the stale ones do not each fail once more;
 - ``NOREPLICAS`` (a master configured with ``min-replicas-to-write`` that lost
-  its replicas: an old master back from a freeze, not yet demoted) is
-  treated the same way here: the connection is dropped and the retry asks the
-  Sentinels.
+  its replicas: an old master back from a freeze, not yet demoted) and
+  ``UNBLOCKED`` for a blocked read the server ended because it became a
+  replica are treated the same way here: the connection is dropped and the
+  retry asks the Sentinels.
 
 Like the other clients, redis-py's own retry loop is off: retries happen in
 our RetryPolicy. The Sentinels' own clients (one per Sentinel) are closed with
@@ -163,23 +164,24 @@ class _SyncSentinel(redis.sentinel.Sentinel):
         raise judge.give_up()
 
 
-def _no_replicas(exc: rx.ResponseError) -> bool:
-    return str(exc).startswith("NOREPLICAS")
+def _demoted(exc: rx.ResponseError) -> bool:
+    """NOREPLICAS, or a blocked read ended because the server stopped being the master (UNBLOCKED)."""
+    text = str(exc)
+    return text.startswith("NOREPLICAS") or (text.startswith("UNBLOCKED") and "no longer exists" not in text)
 
 
 class _AsyncConnection(redis.asyncio.sentinel.SentinelManagedConnection):
-    """A master connection that treats NOREPLICAS as redis-py treats READONLY: drop it, ask again."""
+    """A master connection that treats NOREPLICAS and UNBLOCKED (the server became a replica) as redis-py
+    treats READONLY: drop it, ask the Sentinels again."""
 
     async def read_response(self, *args: Any, **kwargs: Any) -> Any:
         try:
             return await super().read_response(*args, **kwargs)
         except rx.ResponseError as exc:
-            if not _no_replicas(exc):
+            if not _demoted(exc):
                 raise
             await self.disconnect()
-            raise rx.ConnectionError(
-                f"the master has lost its replicas ({exc}): asking the Sentinels"
-            ) from exc
+            raise rx.ConnectionError(f"no longer a usable master ({exc}): asking the Sentinels") from exc
 
 
 class _AsyncSSLConnection(_AsyncConnection, redis.asyncio.connection.SSLConnection):
@@ -193,12 +195,10 @@ class _SyncConnection(redis.sentinel.SentinelManagedConnection):
         try:
             return super().read_response(*args, **kwargs)
         except rx.ResponseError as exc:
-            if not _no_replicas(exc):
+            if not _demoted(exc):
                 raise
             self.disconnect()  # type: ignore[no-untyped-call]
-            raise rx.ConnectionError(
-                f"the master has lost its replicas ({exc}): asking the Sentinels"
-            ) from exc
+            raise rx.ConnectionError(f"no longer a usable master ({exc}): asking the Sentinels") from exc
 
 
 class _SyncSSLConnection(_SyncConnection, redis.connection.SSLConnection):

@@ -47,3 +47,22 @@ async def test_renew_puts_a_live_worker_back_in_the_member_set(
     await registry.deregister("w1")
     assert not await registry.renew(worker_info("w1", 0.0), lease=30)
     assert await registry.members() == ({}, set())
+
+
+async def test_one_departure_is_removed_once_by_the_worker_or_by_the_coordinator(
+    redis_client: redis.asyncio.Redis, fleet_name: str
+) -> None:
+    """A crashing worker whose lease the coordinator already forgot must not announce its departure again.
+
+    Seen under load: ``worker_left`` twice for one crash (``lease_expired`` from the coordinator, then
+    ``crashed`` from the worker). Whoever's ``SREM`` removes the member announces it; the other learns
+    it from the result.
+    """
+    registry = FleetRegistry(redis_client, Keys(fleet_name))
+    await registry.register(worker_info("w1", 0.0), lease=30)
+    await redis_client.delete(registry._lease_key("w1"))  # the lease ran out
+    assert await registry.forget({"w1"}) == {"w1"}  # the coordinator forgot it (and announced it)
+    assert await registry.deregister("w1") is False  # the worker's own leave: not a member any more
+    await registry.register(worker_info("w2", 0.0), lease=30)
+    assert await registry.deregister("w2") is True
+    assert await registry.forget({"w2"}) == set()

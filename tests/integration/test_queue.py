@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 import redis.asyncio
@@ -39,6 +41,7 @@ from shared.queue import (
 from shared.queue._entry import entries_from_reply
 from shared.settings import RedisSettings
 from tests._support.routing import datasets_on
+from tests._support.wait import wait_for
 
 SHARDS = 4
 LIMITS = ValidationLimits()
@@ -247,6 +250,26 @@ async def test_read_recreates_a_vanished_group(client: redis.asyncio.Redis, flee
     c = await consumer(client, fleet_name, 0, "w1")
     await client.delete(keys.events(0))
     assert await c.read(10, 10) == []
+    await client.xadd(keys.events(0), {b"data": b"{}"})
+    assert len(await c.read(10, 10)) == 1
+
+
+async def test_a_read_blocked_while_its_stream_is_deleted_recreates_the_group(
+    client: redis.asyncio.Redis, fleet_name: str
+) -> None:
+    """Redis 7 ends a blocked XREADGROUP whose key is deleted (FLUSHALL, DEL) with ``UNBLOCKED ... no longer
+    exists``: the read re-creates the group (it ended a worker's process before)."""
+    keys = Keys(fleet_name)
+    c = await consumer(client, fleet_name, 0, "w1")
+    reader = asyncio.create_task(c.read(10, 5000))
+
+    async def blocked() -> bool:
+        listed: Any = await client.client_list()
+        return any(b"xreadgroup" in str(cl.get("cmd", "")).encode() for cl in listed)
+
+    await wait_for(blocked, timeout=10, what="the read to block")
+    await client.delete(keys.events(0))
+    assert await asyncio.wait_for(reader, 10) == []
     await client.xadd(keys.events(0), {b"data": b"{}"})
     assert len(await c.read(10, 10)) == 1
 

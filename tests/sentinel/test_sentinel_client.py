@@ -18,13 +18,14 @@ from typing import Any
 
 import pytest
 import redis
+import redis.asyncio
 
 from shared import TransientError
 from shared.queue import connect, connect_sync, redis_errors
 from shared.settings import RedisSettings
 from tests._support.ports import free_port
 from tests._support.redis_server import RedisServer
-from tests._support.wait import wait_for_sync
+from tests._support.wait import wait_for, wait_for_sync
 
 
 class StubSentinels:
@@ -122,7 +123,7 @@ async def test_readonly_from_a_demoted_master_is_transient_and_the_retry_reaches
         # connection is dropped and the Sentinels asked again, as for READONLY.
         await client.config_set("min-replicas-to-write", 2)
         asked = stub.asked
-        with pytest.raises(TransientError, match="lost its replicas"):
+        with pytest.raises(TransientError, match="no longer a usable master"):
             await _attempt("SET", lambda: client.set("k", b"5"))
         await client.config_set("min-replicas-to-write", 0)
         assert await _attempt("SET", lambda: client.set("k", b"5"))
@@ -154,3 +155,33 @@ def test_the_sync_client_too(redis_factory: Callable[..., RedisServer]) -> None:
             assert pipe.set("k", b"2").incr("n").execute() == [True, 1]
     finally:
         client.close()
+
+
+async def test_a_blocked_read_ended_by_a_demotion_is_transient_and_drops_the_connection(
+    redis_factory: Callable[..., RedisServer],
+) -> None:
+    a = redis_factory()
+    elsewhere = redis_factory()
+    client = connect(_settings())
+    pool: Any = client.connection_pool
+    pool.sentinel_manager = AsyncStub(pool.sentinel_manager, ("127.0.0.1", a.port))
+    try:
+        await client.xgroup_create("s", "g", id="0", mkstream=True)
+        reading = asyncio.ensure_future(
+            _attempt("XREADGROUP", lambda: client.xreadgroup("g", "c", {"s": ">"}, block=10_000))
+        )
+        admin = redis.asyncio.Redis(port=a.port)
+        try:
+
+            async def blocked() -> bool:
+                return int((await admin.info("clients"))["blocked_clients"]) == 1
+
+            await wait_for(blocked, timeout=10, what="the read to block")
+            await admin.replicaof("127.0.0.1", elsewhere.port)  # the master is demoted under the blocked read
+        finally:
+            await admin.aclose()
+        with pytest.raises(TransientError, match=r"no longer a usable master.*UNBLOCKED"):
+            await reading
+        assert not any(c.is_connected for c in pool._available_connections)
+    finally:
+        await client.aclose()

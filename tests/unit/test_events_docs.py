@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from shared.events import (
+    JobStarted,
     ValidationLimits,
     decode_admin,
     decode_event,
@@ -23,11 +24,10 @@ BLOCKS = re.findall(r"```([^\n]*)\n(.*?)```", DOC, flags=re.S)
 
 def test_every_queue_json_example_decodes() -> None:
     queue = [body for info, body in BLOCKS if info.strip() == "json"]
-    assert len(queue) == 5
-    types = {
-        decode_event(body.strip().encode(), sig=None, limits=ValidationLimits()).__class__ for body in queue
-    }
-    assert len(types) == 5
+    assert len(queue) == 6  # one per event type, and a streaming job_started
+    events = [decode_event(body.strip().encode(), sig=None, limits=ValidationLimits()) for body in queue]
+    assert len({type(ev) for ev in events}) == 5
+    assert [ev.stream.batch for ev in events if isinstance(ev, JobStarted) and ev.stream is not None] == [7]
 
 
 def test_admin_example_decodes() -> None:
