@@ -170,3 +170,15 @@ def test_sync_client_and_unreachable_sentinels(group: LocalSentinelGroup) -> Non
             dead.ping()
     finally:
         dead.close()
+
+
+def test_the_spark_preflight_reports_a_sentinel_problem_as_one_line(group: LocalSentinelGroup) -> None:
+    from shared.spark._preflight import _check_redis
+
+    good = ProducerConfig(redis_url=with_password(group.url), store_url="file:///nowhere", shards=4)
+    assert _check_redis(good) == []
+    unknown = ProducerConfig(
+        redis_url=with_password(group.url.replace(f"/{SERVICE}", "/nosuch")), store_url="file:///x", shards=4
+    )
+    [line] = _check_redis(unknown)
+    assert "no Sentinel knows the master group 'nosuch'" in line and PASSWORD not in line
