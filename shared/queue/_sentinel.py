@@ -9,7 +9,11 @@ does on a failover, and what we rely on (redis-py 8.1):
 - a connection lost or timed out is dropped; the next one asks again (a
   Sentinel that still names the dead master gives a refused connection, or,
   once the master is down in its eyes, no master at all: ``MasterNotFoundError``,
-  a ``ConnectionError``). Both are TransientErrors at the boundary;
+  a ``ConnectionError``). Both are TransientErrors at the boundary. Here the
+  pool's idle connections are dropped with it (redis-py keeps them until a new
+  connection finds a new master address): an idle connection to a frozen
+  master, used late in the freeze, would otherwise take the answer the old
+  master gives once thawed, for a write it throws away when it is demoted;
 - ``READONLY`` from a demoted master (a connection opened before the
   failover) makes redis-py drop that connection and raise ``ConnectionError``
   (a single command, a pipeline and a transaction alike), so the retry asks
@@ -34,6 +38,7 @@ other way round), or none of them knows the service name.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, cast
 
 import redis
@@ -172,7 +177,14 @@ def _demoted(exc: rx.ResponseError) -> bool:
 
 class _AsyncConnection(redis.asyncio.sentinel.SentinelManagedConnection):
     """A master connection that treats NOREPLICAS and UNBLOCKED (the server became a replica) as redis-py
-    treats READONLY: drop it, ask the Sentinels again."""
+    treats READONLY: drop it, ask the Sentinels again.
+
+    A connection lost or timed out (READONLY included) drops the pool's idle
+    connections too: they lead to the same master, which may be dead or
+    frozen, and one of them used late in a freeze would take the answer of
+    the old master once it is thawed, for a write it is about to throw away
+    when the Sentinels demote it.
+    """
 
     async def read_response(self, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -181,7 +193,12 @@ class _AsyncConnection(redis.asyncio.sentinel.SentinelManagedConnection):
             if not _demoted(exc):
                 raise
             await self.disconnect()
+            await self.connection_pool.disconnect(inuse_connections=False)
             raise rx.ConnectionError(f"no longer a usable master ({exc}): asking the Sentinels") from exc
+        except (rx.ConnectionError, rx.TimeoutError):
+            with contextlib.suppress(rx.RedisError, OSError):
+                await self.connection_pool.disconnect(inuse_connections=False)
+            raise
 
 
 class _AsyncSSLConnection(_AsyncConnection, redis.asyncio.connection.SSLConnection):
@@ -198,7 +215,17 @@ class _SyncConnection(redis.sentinel.SentinelManagedConnection):
             if not _demoted(exc):
                 raise
             self.disconnect()  # type: ignore[no-untyped-call]
+            self._drop_idle()
             raise rx.ConnectionError(f"no longer a usable master ({exc}): asking the Sentinels") from exc
+        except (rx.ConnectionError, rx.TimeoutError):
+            self._drop_idle()
+            raise
+
+    def _drop_idle(self) -> None:
+        pool = self.connection_pool.connection_pool_ref()  # redis-py's proxy holds the pool weakly
+        if pool is not None:
+            with contextlib.suppress(rx.RedisError, OSError):
+                pool.disconnect(inuse_connections=False)
 
 
 class _SyncSSLConnection(_SyncConnection, redis.connection.SSLConnection):

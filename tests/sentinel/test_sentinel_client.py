@@ -185,3 +185,56 @@ async def test_a_blocked_read_ended_by_a_demotion_is_transient_and_drops_the_con
         assert not any(c.is_connected for c in pool._available_connections)
     finally:
         await client.aclose()
+
+
+async def test_a_timeout_drops_the_idle_connections_to_a_frozen_master(
+    redis_factory: Callable[..., RedisServer],
+) -> None:
+    """redis-py keeps a pool's idle connections to a master until a new connection finds another master:
+    one of them used late in a freeze would wait for the frozen master and take its answer when it is
+    thawed (a write the demoted master then throws away). One timeout drops them all here."""
+    a = redis_factory()
+    settings = RedisSettings(url=f"redis+sentinel://127.0.0.1:{free_port()}/svc", socket_timeout=0.5)
+    client = connect(settings)
+    pool: Any = client.connection_pool
+    pool.sentinel_manager = AsyncStub(pool.sentinel_manager, ("127.0.0.1", a.port))
+    try:
+        await asyncio.gather(*(client.get("k") for _ in range(3)))
+        assert sum(c.is_connected for c in pool._available_connections) == 3
+        a.freeze()
+        try:
+            with pytest.raises(TransientError, match="Timeout"):
+                await _attempt("GET", lambda: client.get("k"))
+            assert not any(c.is_connected for c in pool._available_connections)
+        finally:
+            a.thaw()
+        assert await _attempt("SET", lambda: client.set("k", b"1"))
+    finally:
+        await client.aclose()
+
+
+def test_the_sync_client_drops_its_idle_connections_too(redis_factory: Callable[..., RedisServer]) -> None:
+    a = redis_factory()
+    client = connect_sync(
+        RedisSettings(url=f"redis+sentinel://127.0.0.1:{free_port()}/svc", socket_timeout=0.5)
+    )
+    pool: Any = client.connection_pool
+    pool.sentinel_manager = pool.proxy.sentinel_manager = SyncStub(
+        pool.sentinel_manager, ("127.0.0.1", a.port)
+    )
+    try:
+        held = [pool.get_connection() for _ in range(3)]
+        for c in held:
+            pool.release(c)
+        assert sum(c._sock is not None for c in pool._available_connections) == 3
+        a.freeze()
+        try:
+            with pytest.raises(TransientError, match="Timeout"), redis_errors("GET"):
+                client.get("k")
+            assert all(c._sock is None for c in pool._available_connections)
+        finally:
+            a.thaw()
+        with redis_errors("SET"):
+            assert client.set("k", b"1")
+    finally:
+        client.close()
