@@ -126,8 +126,7 @@ class Coordinator:
                     r,
                     keys,
                     maxlen=s.admin.stream_maxlen,
-                    wait_replicas=s.redis.wait_replicas,
-                    wait_timeout=s.redis.wait_timeout,
+                    durability=s.redis.durable,
                 )
                 server = AdminServer(s, r, keys, coordinator_id=self.id, leading=self.leading)
                 await server.start()

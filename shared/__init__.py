@@ -20,7 +20,7 @@ from ._logging import configure_logging, kv
 from ._nonce import nonce
 from ._recent import GUESS_LIMIT, Recent
 from ._retry import RetryPolicy, retry
-from .settings import Secret, Settings, load_settings
+from .settings import Durability, Secret, Settings, load_settings, resolve_durability
 
 __all__ = [
     "GUESS_LIMIT",
@@ -43,10 +43,12 @@ __all__ = [
     "OutcomeUnknown",
     "PreconditionFailed",
     "RetryPolicy",
+    "Durability",
     "Secret",
     "Settings",
     "Throttled",
     "TransientError",
     "load_settings",
+    "resolve_durability",
     "retry",
 ]

@@ -21,6 +21,7 @@ from shared.events import (
     InvalidMessage,
     MessageRejected,
     QueueEvent,
+    RepeatedFields,
     TaskFinished,
     ValidationLimits,
     decode_entry,
@@ -134,7 +135,9 @@ class Intake:
                 (it does no I/O); passed on should a change let one through.
         """
         try:
-            if not entry.fields:  # Entry.deleted, spelled out: this runs per event
+            if not entry.fields:  # Entry.deleted, or a field name repeats; spelled out: this runs per event
+                if type(entry.fields) is RepeatedFields:
+                    return entry.fields.rejection()  # schema, naming the field; dead-lettered as sent
                 return InvalidMessage(
                     "deleted", "the entry was trimmed or deleted while pending: no content left"
                 )

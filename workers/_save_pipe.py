@@ -5,9 +5,9 @@ Under a backlog, intake sends a batch's save (the fenced script of
 together, on a connection it takes from the pool for them, and reads their
 replies only after it has judged the batch it already holds. Redis and the
 worker then work at the same time instead of in turn. Only with a plain
-Redis client and no ``redis.wait_replicas`` (see
+Redis client and ``redis.durability`` = ``memory`` (see
 :attr:`ShardStateStore.sends_ahead`); elsewhere intake saves one batch at a
-time.
+time, each waiting for its ``WAIT`` / ``WAITAOF``.
 
 The save itself is the same script, so it is as atomic and as fenced as a
 plain one; what changes is only when its reply is read.

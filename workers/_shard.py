@@ -219,8 +219,7 @@ class ShardRunner:
             ctx.keys,
             self.shard,
             token,
-            wait_replicas=ctx.settings.redis.wait_replicas,
-            wait_timeout=ctx.settings.redis.wait_timeout,
+            durability=ctx.settings.redis.durable,
             results_max=ctx.settings.queue.results_max,
             consumer=self._consumer.consumer,
         )

@@ -35,7 +35,7 @@ import msgspec
 import redis.asyncio
 import redis.exceptions as rx
 
-from shared import BadInput, Fenced
+from shared import BadInput, Durability, Fenced, resolve_durability
 from shared.queue import (
     DEFAULT_GROUP,
     RESULT_RETENTION_S,
@@ -43,10 +43,13 @@ from shared.queue import (
     Entry,
     Keys,
     as_text,
+    check_durable,
     encode_result,
     entries_from_reply,
+    is_cluster,
+    keep_repeated_fields,
+    queue_durable,
     redis_errors,
-    wait_replicated,
 )
 
 from ._core import STATE_VERSION, Attempt, Ended, JobMeta, ShardJobs, attempt_field
@@ -192,16 +195,20 @@ class ShardStateStore:
         wait_timeout: float = 1.0,
         results_max: int = DEFAULT_RESULTS_MAX,
         consumer: str = "",
+        durability: Durability | None = None,
     ) -> None:
         """``results_max``: job results kept at most on this shard (``queue.results_max``);
-        ``consumer``: the name :meth:`save` reads ahead for (the shard consumer's)."""
+        ``consumer``: the name :meth:`save` reads ahead for (the shard consumer's);
+        ``durability``: what each save waits for once Redis ran it (``redis.durability``;
+        ``wait_replicas`` / ``wait_timeout`` are its older spelling)."""
         if results_max < 1:
             raise ValueError("results_max must be >= 1")
         self.consumer = consumer
         self._results_max = results_max
-        self.redis = redis_client
-        # redis.wait_replicas: each save waits for that many replicas (docs/queue.md "Redis Cluster").
-        self._wait = (wait_replicas, wait_timeout)
+        self.redis = keep_repeated_fields(redis_client)  # the read ahead sees a repeated field name
+        # redis.durability: each save (state, job results and XACK) returns only once it is as durable
+        # as the level says (docs/queue.md "Durability").
+        self._durability = durability or resolve_durability("", wait_replicas, wait_timeout)
         self._keys = keys
         self.shard = shard
         self.token = token
@@ -310,14 +317,11 @@ class ShardStateStore:
         prep = self.prepare(batch, state)
         ahead: list[Entry] = []
         with redis_errors("save shard state"):
-            if read_next:
+            if read_next or self._durability.waits:
                 reply, ahead = await self._save_and_read(prep, read_next)
             else:
                 reply = await self.run_script(prep)
         self.check_saved(reply)
-        if self._wait[0]:
-            with redis_errors("wait for replicas of the shard state"):
-                await wait_replicated(self.redis, self._keys.shard_state(self.shard, "wait"), *self._wait)
         return ahead
 
     def prepare(self, batch: Batch, state: ShardJobs) -> Prepared:
@@ -378,20 +382,62 @@ class ShardStateStore:
     @property
     def sends_ahead(self) -> bool:
         """True when a save can be sent ahead (``workers._save_pipe``): a plain Redis client, a
-        consumer to read for, and no wait for replicas after each save."""
-        return bool(self.consumer) and not self._wait[0] and isinstance(self.redis, redis.asyncio.Redis)
+        consumer to read for, and durability ``memory`` (nothing to wait for after each save)."""
+        return (
+            bool(self.consumer) and not self._durability.waits and isinstance(self.redis, redis.asyncio.Redis)
+        )
 
     async def _save_and_read(self, prep: Prepared, count: int) -> tuple[object, list[Entry]]:
-        """Return the save script's reply and the entries of an XREADGROUP sent right behind it.
+        """Return the save script's reply and, with ``count`` > 0, the entries of an XREADGROUP sent
+        right behind it; with a durability level, the level's wait follows, on the same connection
+        (one round trip), and a save that wrote returns only once it is as durable as the level says.
 
-        Raises: the script's own error (a redis-py exception); a failed read is an empty list.
+        The wait comes after a one-byte write of the shard's marker key: when this save wrote
+        nothing new (an earlier try, on another connection, wrote it and its reply was lost), the
+        wait still covers that try, since the log it waits on is one ordered log per master.
+
+        Raises: the script's own error (a redis-py exception; a refused WAITAOF one too); a failed
+        read is an empty list; TransientError when the wait fell short (the save is idempotent).
         """
+        durability = self._durability
+        if durability.waits and is_cluster(self.redis):
+            await self.redis.initialize()  # the slot map routes the wait
+        replies = await self._pipelined(prep, count)
+        read = replies[1] if count else None
+        ahead = [] if read is None or isinstance(read, BaseException) else entries_from_reply(read)
+        read_replies = 1 if count else 0
+        if isinstance(replies[0], rx.NoScriptError):
+            # Redis did not know the script (restarted, or its scripts flushed): nothing was written
+            # and the wait covered nothing. Load it and save again, the wait behind it as before.
+            await self.redis.script_load(_SAVE_LUA)
+            replies = await self._pipelined(prep, 0)
+            read_replies = 0
+        saved = await self.settle(prep, replies[0])
+        waits = len(replies) - 1 - read_replies - 1  # after the script (and the read): the SET, the waits
+        if saved == 1 and durability.waits:
+            for reply in replies[-waits - 1 :]:  # the marker's SET, then the waits
+                if isinstance(reply, BaseException):
+                    raise reply
+            check_durable(replies, waits, durability)
+        return saved, ahead
+
+    async def _pipelined(self, prep: Prepared, count: int) -> list[object]:
+        """Return the replies (errors included) of the save script, the read behind it (``count`` > 0)
+        and, with a durability level, the marker's one-byte write and the level's waits."""
+        durability = self._durability
         async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.evalsha(self.script_sha, len(prep.keys), *prep.keys, *prep.args)
-            pipe.xreadgroup(DEFAULT_GROUP, self.consumer, {self.stream: ">"}, count=count)
-            saved, read = await pipe.execute(raise_on_error=False)
-        ahead = [] if isinstance(read, BaseException) else entries_from_reply(read)
-        return await self.settle(prep, saved), ahead
+            if is_cluster(self.redis):
+                # redis-py refuses EVALSHA in a cluster pipeline; the script's text it sends as is.
+                pipe.eval(_SAVE_LUA, len(prep.keys), *prep.keys, *prep.args)
+            else:
+                pipe.evalsha(self.script_sha, len(prep.keys), *prep.keys, *prep.args)
+            if count:
+                pipe.xreadgroup(DEFAULT_GROUP, self.consumer, {self.stream: ">"}, count=count)
+            if durability.waits:
+                marker = self._keys.shard_state(self.shard, "wait")
+                pipe.set(marker, b"1")
+                queue_durable(self.redis, pipe, [marker], durability)
+            return list(await pipe.execute(raise_on_error=False))
 
     async def forget_ended(self, jobs: Iterable[str]) -> None:
         """Drop the records of ended jobs past their retention."""

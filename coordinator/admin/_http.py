@@ -35,7 +35,14 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from shared import BadInput, ConfigError, Settings, TransientError, kv, raise_if_cancelling
 from shared.events import DATA_FIELD, AdminEvent, Committed, InvalidMessage, decode_admin, encode_admin
-from shared.queue import Keys, entries_from_reply, queue_operator_request, read_admin_range, redis_errors
+from shared.queue import (
+    Keys,
+    entries_from_reply,
+    keep_repeated_fields,
+    queue_operator_request,
+    read_admin_range,
+    redis_errors,
+)
 
 from . import _ui
 from ._filter import event_matches, event_types
@@ -109,7 +116,7 @@ class AdminServer:
         leading: asyncio.Event,
     ) -> None:
         self.settings = settings
-        self.r = redis_client
+        self.r = keep_repeated_fields(redis_client)  # the admin stream reader sees a repeated field name
         self.keys = keys
         self.coordinator_id = coordinator_id
         self.leading = leading

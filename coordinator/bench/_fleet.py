@@ -84,8 +84,13 @@ async def _poll(check: Any, limit_s: float, what: str) -> None:
         await asyncio.sleep(0.05)
 
 
-async def run_fleet(settings: Settings, w: Workload, workers: int, work: Path, limit_s: float) -> ModeResult:
+async def run_fleet(
+    settings: Settings, w: Workload, workers: int, work: Path, limit_s: float, *, samples: int = 0
+) -> ModeResult:
     """Commit ``w`` through a coordinator and ``workers`` worker processes; return its figures.
+
+    ``samples``: the single 4-file datasets committed after it, one at a time, for the
+    latency p50 (:data:`LATENCY_SAMPLES` when 0).
 
     Raises:
         TimeoutError: the fleet did not settle, or did not commit everything within ``limit_s``.
@@ -100,7 +105,10 @@ async def run_fleet(settings: Settings, w: Workload, workers: int, work: Path, l
             await _poll(lambda: _ready(settings, workers), 60, "the benchmark fleet to settle")
             job, names = w.job("fleet"), w.names("fleet")
             winners = await stage(raw, w, "fleet")
-            pub = AsyncPublisher(r, settings.fleet.name, settings.fleet.shards)
+            # The producer's publishes wait for the fleet's durability level, as a driver's do.
+            pub = AsyncPublisher(
+                r, settings.fleet.name, settings.fleet.shards, durability=settings.redis.durable
+            )
             now = time.time()
             await pub.publish(JobStarted(job=job, datasets=names, timeout_s=3600, started_at=now))
             await pub.publish_many(
@@ -127,7 +135,9 @@ async def run_fleet(settings: Settings, w: Workload, workers: int, work: Path, l
             seconds = time.perf_counter() - t0
             cpu = sum(_cpu_seconds(p.pid) for p in procs[1:]) - cpu0
             await verify(raw, w, "fleet")
-            alone = [await _one_alone(r, raw, pub, settings, w.size, i) for i in range(LATENCY_SAMPLES)]
+            alone = [
+                await _one_alone(r, raw, pub, settings, w.size, i) for i in range(samples or LATENCY_SAMPLES)
+            ]
             return ModeResult(
                 mode="fleet",
                 seconds=seconds,

@@ -10,7 +10,7 @@ import time
 import redis
 import redis.asyncio
 
-from shared.queue import Keys, entries_from_reply, redis_errors
+from shared.queue import Keys, entries_from_reply, keep_repeated_fields, redis_errors
 
 # About the size of a real TaskFinished message with a few files.
 _PAYLOAD = (
@@ -31,6 +31,7 @@ async def raw_consume_rate(redis_client: redis.asyncio.Redis, n: int, *, count: 
     """
     if n < 1:
         raise ValueError("n must be >= 1")
+    keep_repeated_fields(redis_client)  # entries parsed as the worker's reads parse them
     stream = Keys("bench-" + secrets.token_hex(4)).events(0)
     try:
         with redis_errors("bench fill"):

@@ -127,8 +127,7 @@ async def _reset(s: Settings, app_id: str, datasets: list[str] | None, operator:
                 r,
                 keys,
                 maxlen=s.admin.stream_maxlen,
-                wait_replicas=s.redis.wait_replicas,
-                wait_timeout=s.redis.wait_timeout,
+                durability=s.redis.durable,
             )
             await admin.publish(
                 StreamReset(at=time.time(), app_id=app_id, datasets=removed, operator=operator)

@@ -5,11 +5,14 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
 
 from ._common import ConfigOpt, err, out, run_or_exit, settings_or_exit
+
+if TYPE_CHECKING:
+    from shared import Settings
 
 T = TypeVar("T")
 
@@ -73,15 +76,32 @@ def bench(
     s3_emulator: Annotated[
         bool, typer.Option("--s3-emulator", help="commit: on a throwaway moto S3 server instead.")
     ] = False,
+    durability: Annotated[
+        str,
+        typer.Option(
+            help="intake, commit: each of these redis.durability levels (replicas,aof,aof+replicas or all) "
+            "against memory, on a throwaway master with one replica (--rounds rounds)."
+        ),
+    ] = "",
+    redis_server: Annotated[
+        str, typer.Option(help="--durability: the redis-server to start (7.2+ for the aof levels).")
+    ] = "",
+    appendfsync: Annotated[
+        str, typer.Option(help="--durability: the servers' appendfsync with an aof level (everysec, always).")
+    ] = "everysec",
     config: ConfigOpt = None,
 ) -> None:
     """Benchmarks: intake (worker events/s against raw XREADGROUP+XACK), commit (fleet and commit
     core against a sequential single driver on the configured store; a temporary local one by default),
     or cluster (the fleet mode on one Redis node and on a throwaway 3-master Redis Cluster, per worker
-    count)."""
+    count). With --durability, intake or commit at each durability level against memory."""
     import msgspec
 
     s = settings_or_exit(config)
+    if durability:
+        sizes = (events_n, datasets, files, size, workers, rounds)
+        _durability_bench(s, what, durability, redis_server, appendfsync, sizes)
+        return
     if what == "intake":
         from coordinator.bench import run_bench
         from workers import tune_gc
@@ -125,6 +145,46 @@ def bench(
     ):
         on_s3_run = run_commit_bench(on_s3, w, modes=chosen, workers=workers, inflight=inflight, console=out)
         _stopping_children("bench", lambda: run_or_exit(on_s3_run))
+
+
+def _durability_bench(
+    s: Settings,
+    what: str,
+    levels_text: str,
+    redis_server: str,
+    appendfsync: str,
+    counts: tuple[int, int, int, int, int, int],
+) -> None:
+    from coordinator.bench import Workload, parse_levels, run_durability_bench
+    from shared import ConfigError
+    from workers import tune_gc
+
+    events_n, datasets, files, size, workers, rounds = counts
+    if what not in ("intake", "commit"):
+        raise typer.BadParameter(f"--durability measures intake or commit, not {what!r}")
+    if appendfsync not in ("everysec", "always"):
+        raise typer.BadParameter(f"--appendfsync takes everysec or always, not {appendfsync!r}")
+    if rounds < 1 or min(events_n, datasets, files, size, workers) < 1:
+        raise typer.BadParameter("--rounds and the counts must be >= 1")
+    try:
+        levels = parse_levels(levels_text)
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    if what == "intake":
+        tune_gc()  # the worker runs in this process
+    body = run_durability_bench(
+        s,
+        what,
+        levels,
+        console=out,
+        rounds=rounds,
+        events=events_n,
+        workload=Workload(datasets=datasets, files=files, size=size),
+        workers=workers,
+        redis_server=redis_server or None,
+        appendfsync=appendfsync,
+    )
+    _stopping_children("bench", lambda: run_or_exit(body))
 
 
 def pack(

@@ -22,7 +22,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
@@ -220,19 +220,22 @@ def free_port() -> int:
 class ThrowawayRedis:
     """A private ``redis-server`` on a free loopback port, in its own process group (no persistence)."""
 
-    def __init__(self, work: Path) -> None:
+    def __init__(self, work: Path, *, binary: str | None = None, args: Sequence[str] = ()) -> None:
         """Start it and wait until it answers PING.
+
+        ``binary``: another ``redis-server`` than the one on the PATH; ``args``: more
+        configuration (``--appendonly yes``, ``--replicaof 127.0.0.1 PORT``), after the defaults.
 
         Raises:
             RuntimeError: redis-server is not installed or did not start within 15 s.
         """
         self.port = free_port()
-        exe = shutil.which("redis-server")
+        exe = binary or shutil.which("redis-server")
         if exe is None:
             raise RuntimeError("redis-server not found: run `make bootstrap` or set REDIS_URL")
         argv = [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
         self.proc = subprocess.Popen(
-            [*argv, "--dir", str(work)],
+            [*argv, "--dir", str(work), *args],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,

@@ -22,6 +22,7 @@ from ._admin_events import (
 from ._codec import (
     DATA_FIELD,
     SIG_FIELD,
+    RepeatedFields,
     decode_admin,
     decode_entry,
     decode_event,
@@ -109,6 +110,7 @@ __all__ = [
     "REJECT_REASONS",
     "RecoveryDone",
     "RejectReason",
+    "RepeatedFields",
     "SCHEMA_VERSION",
     "STREAM_APP_PATTERN",
     "SIG_FIELD",

@@ -10,7 +10,8 @@ the precise reason.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from typing import Any, Final, TypeVar
 
 import msgspec
@@ -27,6 +28,7 @@ SIG_FIELD: Final = "sig"
 """Stream entry field holding the signature (when signing is on)."""
 
 _T = TypeVar("_T")
+
 
 _ENCODER: Final = msgspec.json.Encoder()
 _QUEUE_DECODER: Final[msgspec.json.Decoder[QueueEvent]] = msgspec.json.Decoder(QueueEvent)
@@ -145,6 +147,58 @@ def _decode(decoder: msgspec.json.Decoder[_T], types: Mapping[str, type], data: 
         raise InvalidMessage("schema", "message nests too deeply") from None
 
 
+class RepeatedFields(dict[bytes, bytes]):
+    """The fields of a stream entry in which a field name occurs more than once.
+
+    ``XADD s * data A data B`` stores both fields, but a field map holds one
+    value per name, and clients disagree on which one counts (redis-py keeps
+    the last, others the first). Such an entry has no field map: this one is
+    empty, so a lookup never finds one of the values, and :attr:`pairs` keeps
+    every field as sent, in order. :func:`decode_entry` rejects it (``schema``,
+    naming the field); ``shared.queue`` builds it wherever it reads entries.
+    """
+
+    __slots__ = ("pairs",)
+
+    def __init__(self, pairs: Iterable[tuple[bytes, bytes]]) -> None:
+        super().__init__()
+        self.pairs: tuple[tuple[bytes, bytes], ...] = tuple(pairs)
+        """Every field of the entry as sent (name, value), repeats included, in order."""
+
+    @property
+    def repeated(self) -> dict[bytes, int]:
+        """The names that occur more than once, each with how many times, in the order they first occur."""
+        counts = Counter(name for name, _ in self.pairs)
+        return {name: n for name, n in counts.items() if n > 1}
+
+    def rejection(self) -> InvalidMessage:
+        """Return why the entry is rejected: ``schema``, naming the repeated field(s)."""
+        repeated = list(self.repeated.items())
+        names = ", ".join(f"{shown(_text(name), 60)} ({n} times)" for name, n in repeated[:5])
+        if len(repeated) > 5:
+            names += f" and {len(repeated) - 5} more"
+        noun = "field" if len(repeated) == 1 else "fields"
+        return InvalidMessage(
+            "schema", f"stream entry repeats the {noun} {names}: which value counts is ambiguous"
+        )
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RepeatedFields) and other.pairs == self.pairs
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    def __repr__(self) -> str:
+        return f"RepeatedFields({list(self.pairs)!r})"
+
+    def __reduce__(self) -> tuple[type[RepeatedFields], tuple[tuple[tuple[bytes, bytes], ...]]]:
+        return (RepeatedFields, (self.pairs,))
+
+
+def _text(name: bytes | str) -> str:
+    return name.decode("utf-8", "replace") if isinstance(name, bytes) else str(name)
+
+
 _DATA_BYTES: Final = DATA_FIELD.encode()
 _DATA_KEYS: Final = (_DATA_BYTES, DATA_FIELD)
 _SIG_KEYS: Final = (SIG_FIELD.encode(), SIG_FIELD)
@@ -177,7 +231,8 @@ def decode_entry(
 
     Raises:
         InvalidMessage: ``schema`` when the entry has no ``data`` field (or
-            it is not bytes), else as :func:`decode_event`.
+            it is not bytes) or repeats a field name (``fields`` is a
+            :class:`RepeatedFields`), else as :func:`decode_event`.
     """
     # _field(fields, _DATA_KEYS), its common case spelled out: this runs per event.
     data = fields.get(_DATA_BYTES)  # type: ignore[call-overload]
@@ -194,6 +249,8 @@ def decode_entry(
             ev = _decode(_QUEUE_DECODER, QUEUE_EVENT_TYPES, data)  # raises it as InvalidMessage
         return validate_event(ev, limits)
     if data is None:
+        if type(fields) is RepeatedFields:  # every field set aside: a name repeats
+            raise fields.rejection()
         raise InvalidMessage("schema", f"stream entry has no {DATA_FIELD!r} field")
     if isinstance(data, str):
         try:

@@ -5,11 +5,20 @@ See docs/queue.md for the key layout, entry fields and consumer-group semantics.
 """
 
 from ._admin_stream import DEFAULT_ADMIN_MAXLEN, AdminPublisher, Outcome, follow_admin, read_admin_range
-from ._cluster import wait_replicated
+from ._cluster import is_cluster
 from ._connect import connect, connect_sync, redis_errors
 from ._consumer import DEFAULT_GROUP, ConsumerInfo, ShardConsumer, ShardLag, Trimmed, trim_acknowledged
 from ._dead_letters import DeadLetter, cap_dead_letters, count_dead_letters, read_dead_letters
-from ._entry import Entry, as_text, entries_from_raw, entries_from_reply, id_key
+from ._durability import (
+    PROBE_TIMEOUT_S,
+    check_durability,
+    check_durability_sync,
+    check_durable,
+    make_durable,
+    probe_keys,
+    queue_durable,
+)
+from ._entry import Entry, as_text, entries_from_raw, entries_from_reply, fields_of, id_key
 from ._fleet_meta import (
     DEFAULT_SHARDS,
     FleetMeta,
@@ -44,6 +53,7 @@ from ._operator_requests import (
 )
 from ._publisher import AsyncPublisher, SyncPublisher, plan_entries, retry_sync
 from ._routing import group_by_shard, shard_of, split_by_shard
+from ._stream_replies import keep_repeated_fields
 from ._stream_runs import (
     StreamRun,
     delete_stream_run,
@@ -56,7 +66,14 @@ from ._stream_runs import (
 __all__ = [
     "Outcome",
     "retry_sync",
-    "wait_replicated",
+    "PROBE_TIMEOUT_S",
+    "check_durability",
+    "check_durability_sync",
+    "check_durable",
+    "is_cluster",
+    "queue_durable",
+    "make_durable",
+    "probe_keys",
     "RESULT_RETENTION_S",
     "DatasetResult",
     "JobOutcome",
@@ -82,6 +99,8 @@ __all__ = [
     "Entry",
     "entries_from_raw",
     "entries_from_reply",
+    "fields_of",
+    "keep_repeated_fields",
     "FleetMeta",
     "Keys",
     "OperatorRequest",

@@ -24,11 +24,14 @@ from redis.commands.core import AsyncScript
 
 from .._aio import raise_if_cancelling
 from .._retry import RetryPolicy, retry
-from ..events import DATA_FIELD, AdminEvent, InvalidMessage, decode_admin, encode_admin
-from ._cluster import check_waits, is_cluster, queue_wait
+from ..events import DATA_FIELD, AdminEvent, InvalidMessage, RepeatedFields, decode_admin, encode_admin
+from ..settings import Durability, resolve_durability
+from ._cluster import is_cluster
 from ._connect import redis_errors
+from ._durability import check_durable, queue_durable
 from ._entry import Entry, as_bytes, entries_from_reply
 from ._keys import Keys
+from ._stream_replies import keep_repeated_fields
 
 log = logging.getLogger(__name__)
 
@@ -92,11 +95,12 @@ class AdminPublisher:
     admin event (readers see it twice). Outcomes (``committed``,
     ``aborted``) go through :meth:`publish_outcome`, which never does.
 
-    ``wait_replicas`` > 0: every append is followed by ``WAIT`` on the same
-    connection (see :mod:`._cluster`); fewer acknowledgements is a transient
-    error and the append is retried (an outcome's marker makes that retry
-    harmless; if the unreplicated write was lost in a failover, the retry
-    appends it again).
+    ``durability`` other than ``memory`` (``redis.durability``; or the older
+    ``wait_replicas`` > 0): every append is followed by the level's ``WAIT`` /
+    ``WAITAOF`` on the same connection (see :mod:`._durability`); fewer
+    acknowledgements is a transient error and the append is retried (an
+    outcome's marker makes that retry harmless; if the write that fell short
+    was lost in a failover, the retry appends it again).
     """
 
     def __init__(
@@ -110,6 +114,7 @@ class AdminPublisher:
         policy: RetryPolicy | None = None,
         wait_replicas: int = 0,
         wait_timeout: float = 1.0,
+        durability: Durability | None = None,
     ) -> None:
         """Set the caps: ``maxlen`` the admin stream's; ``markers_max``, ``marker_retention_s`` the markers'.
 
@@ -124,8 +129,7 @@ class AdminPublisher:
         self.markers_max = markers_max
         self.marker_retention_ms = int(marker_retention_s * 1000)
         self.policy = policy or RetryPolicy()
-        self.wait_replicas = wait_replicas
-        self.wait_timeout = wait_timeout
+        self.durability = durability or resolve_durability("", wait_replicas, wait_timeout)
         self._outcome_script: AsyncScript | None = None
 
     async def publish(self, ev: AdminEvent) -> bytes:
@@ -141,7 +145,7 @@ class AdminPublisher:
 
         async def send() -> bytes:
             with redis_errors("XADD admin"):
-                if self.wait_replicas:
+                if self.durability.waits:
                     return as_bytes((await self._waited("xadd", self.keys.admin, {_DATA: data}))[0])
                 entry_id = await self.redis.xadd(
                     self.keys.admin, {_DATA: data}, maxlen=self.maxlen, approximate=True
@@ -190,7 +194,7 @@ class AdminPublisher:
 
         async def send() -> tuple[bool, bytes]:
             with redis_errors("admin outcome script"):
-                if self.wait_replicas:
+                if self.durability.waits:
                     reply = (await self._waited("eval", *keys, *args))[0]
                 else:
                     reply = await self._script(keys=keys, args=args)
@@ -210,10 +214,10 @@ class AdminPublisher:
         return appended
 
     async def _waited(self, kind: str, *args: Any) -> list[Any]:
-        """Run one XADD (``kind`` "xadd") or the outcome script ("eval") then WAIT, on one connection.
+        """Run one XADD (``kind`` "xadd") or the outcome script ("eval"), then the wait, on one connection.
 
         Returns a one-element list: the XADD's or the script's reply. Raises
-        TransientError (via check_waits) when fewer replicas acknowledged.
+        TransientError (via check_durable) when the wait fell short.
         """
         if is_cluster(self.redis):
             await self.redis.initialize()  # the slot map routes the WAIT
@@ -222,13 +226,14 @@ class AdminPublisher:
                 pipe.xadd(args[0], args[1], maxlen=self.maxlen, approximate=True)
             else:
                 pipe.eval(_OUTCOME_SCRIPT, _OUTCOME_KEYS, *args)
-                # WAIT covers the writes of its own connection only: when the script found the
-                # marker (written by an earlier try, on another connection whose WAIT never
-                # answered) it wrote nothing, and WAIT alone would not wait for that marker
-                # and entry. One write after it does: replication is one ordered log per master.
+                # WAIT / WAITAOF cover the writes of their own connection only: when the script
+                # found the marker (written by an earlier try, on another connection whose wait
+                # never answered) it wrote nothing, and the wait alone would not wait for that
+                # marker and entry. One write after it does: replication and the append-only
+                # file are one ordered log per master.
                 pipe.set(self.keys.fleet_key("wait"), b"1")
-            waits = queue_wait(self.redis, pipe, [self.keys.admin], self.wait_replicas, self.wait_timeout)
-            replies = check_waits(list(await pipe.execute()), waits, self.wait_replicas)
+            waits = queue_durable(self.redis, pipe, [self.keys.admin], self.durability)
+            replies = check_durable(list(await pipe.execute()), waits, self.durability)
             return replies[:1]
 
     @property
@@ -243,7 +248,9 @@ def _decoded(entries: list[Entry]) -> list[tuple[bytes, AdminEvent]]:
     for entry in entries:
         data = entry.fields.get(_DATA)
         if data is None:
-            log.warning("admin entry %s has no data field; skipped", entry.id.decode())
+            fields = entry.fields
+            why = fields.rejection().detail if type(fields) is RepeatedFields else "has no data field"
+            log.warning("admin entry %s skipped: %s", entry.id.decode(), why)
             continue
         try:
             out.append((entry.id, decode_admin(data)))
@@ -282,6 +289,7 @@ async def follow_admin(
     Close the generator (``aclose``) when you stop iterating early.
     """
     policy = policy or RetryPolicy()
+    keep_repeated_fields(redis_client)
     last: bytes
     if from_id in ("$", b"$"):
         last = await retry(lambda: _last_id(redis_client, keys), policy)
@@ -315,6 +323,7 @@ async def read_admin_range(
     Raises:
         TransientError: Redis is unreachable.
     """
+    keep_repeated_fields(redis_client)
     with redis_errors("XRANGE admin"):
         rows = await redis_client.xrange(keys.admin, min=start, max=end, count=count)
     return _decoded(entries_from_reply([[keys.admin, rows]]))

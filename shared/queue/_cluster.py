@@ -1,4 +1,4 @@
-"""Redis Cluster clients and the WAIT-for-replicas step of publishers.
+"""Redis Cluster clients.
 
 A ``redis+cluster://`` URL (see :mod:`shared.settings`) gives redis-py's
 ``RedisCluster``. Like the single-node clients, its own retry loop is off
@@ -7,18 +7,12 @@ and surfaces at once as TransientError, and our RetryPolicy retries on the
 refreshed map. MOVED / ASK redirects are followed by redis-py within one
 call (its redirection limit); what is left over is a TransientError too.
 
-WAIT: replication is asynchronous, so an acknowledged write can be lost when
-its master fails before a replica copied it. With ``redis.wait_replicas`` =
-N > 0, a publisher's pipeline ends with ``WAIT N timeout`` on every node it
-wrote to, on the same connection as the writes (WAIT counts that
-connection's writes only), and fewer than N acknowledgements is a
-TransientError: the batch is sent again (duplicates are expected by the
-contract), so no acknowledged publish depends on one node.
+The durability step after writes (``WAIT`` / ``WAITAOF`` per node written
+to) is :mod:`._durability`'s.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any, cast
 
 import redis
@@ -30,7 +24,7 @@ import redis.cluster
 import redis.exceptions as rx
 import redis.retry
 
-from .._errors import ConfigError, TransientError
+from .._errors import ConfigError
 from ..settings import RedisSettings, parse_cluster_url
 
 
@@ -169,76 +163,8 @@ def is_cluster(client: object) -> bool:
     )
 
 
-def queue_wait(client: Any, pipe: Any, keys: Iterable[str], replicas: int, timeout: float) -> int:
-    """Append ``WAIT replicas timeout`` to a non-transactional pipeline, once per node written to.
-
-    ``keys`` are the keys the pipeline writes. On one node that is one WAIT
-    at the end; on a cluster one WAIT per master owning any of the keys,
-    routed to that master, so it runs on the connection that carried the
-    writes. Returns how many WAIT replies the pipeline's result ends with.
-    An async cluster client must have read its slot map (``await
-    client.initialize()``) before this is called.
-    """
-    ms = max(1, int(timeout * 1000))
-    if not is_cluster(client):
-        pipe.execute_command("WAIT", replicas, ms)
-        return 1
-    nodes = {}
-    for key in keys:
-        node = client.get_node_from_key(key)
-        if node is None:
-            raise TransientError(f"redis cluster: no master known for {key!r} (slot map not loaded)")
-        nodes[node.name] = node
-    for node in nodes.values():
-        pipe.execute_command("WAIT", replicas, ms, target_nodes=node)
-    return len(nodes)
-
-
-async def wait_replicated(client: redis.asyncio.Redis, key: str, replicas: int, wait_s: float) -> None:
-    """Wait until ``replicas`` replicas hold every write made so far to the master serving ``key``.
-
-    For writes made on another pooled connection (a WATCH/MULTI/EXEC that
-    has already returned): WAIT counts the writes of its own connection,
-    but the replication stream is one ordered log per master, so one more
-    write (``SET key 1``, ``key`` a small marker in the written slot) then
-    WAIT on its connection covers everything the master applied before.
-
-    Raises:
-        TransientError: fewer acknowledgements within ``wait_s`` seconds (the writes
-            stand on the master; the caller may save again, idempotently).
-    """
-    if is_cluster(client):
-        await client.initialize()
-    async with client.pipeline(transaction=False) as pipe:
-        pipe.set(key, b"1")
-        waits = queue_wait(client, pipe, [key], replicas, wait_s)
-        check_waits(list(await pipe.execute()), waits, replicas)
-
-
-def check_waits(replies: list[Any], waits: int, replicas: int) -> list[Any]:
-    """Return ``replies`` without their last ``waits`` WAIT replies, after checking them.
-
-    Raises:
-        TransientError: a WAIT saw fewer than ``replicas`` acknowledgements (the
-            writes exist on their master but may be lost in a failover: the
-            caller sends them again).
-    """
-    if waits == 0:
-        return replies
-    body, acks = replies[:-waits], replies[-waits:]
-    short = [int(a) for a in acks if int(a) < replicas]
-    if short:
-        raise TransientError(
-            f"only {min(short)} of {replicas} replicas acknowledged the writes (WAIT timed out)"
-        )
-    return body
-
-
 __all__ = [
-    "check_waits",
     "connect_cluster",
     "connect_cluster_sync",
     "is_cluster",
-    "queue_wait",
-    "wait_replicated",
 ]

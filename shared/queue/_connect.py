@@ -38,6 +38,7 @@ from .._redis_py import is_redis_failure
 from ..settings import RedisSettings, is_cluster_url, is_sentinel_url
 from ._cluster import connect_cluster, connect_cluster_sync
 from ._sentinel import connect_sentinel, connect_sentinel_sync
+from ._stream_replies import keep_repeated_fields
 
 # A pooled connection idle longer than this is PINGed before use, so a Redis
 # restart shows up as one reconnect instead of an error on the next command.
@@ -48,18 +49,21 @@ def connect(settings: RedisSettings, *, client_name: str | None = None) -> redis
     """Return an asyncio Redis client for ``settings.url`` (no I/O yet: connects lazily).
 
     The caller owns the client and closes it with ``await client.aclose()``.
+    It reads stream entries through :func:`keep_repeated_fields`.
 
     Raises:
         ConfigError: the URL cannot be parsed.
     """
     if is_cluster_url(settings.url):
-        return connect_cluster(settings, client_name=client_name, health_check_interval=HEALTH_CHECK_INTERVAL)
+        return keep_repeated_fields(
+            connect_cluster(settings, client_name=client_name, health_check_interval=HEALTH_CHECK_INTERVAL)
+        )
     if is_sentinel_url(settings.url):
-        return connect_sentinel(
-            settings, client_name=client_name, health_check_interval=HEALTH_CHECK_INTERVAL
+        return keep_repeated_fields(
+            connect_sentinel(settings, client_name=client_name, health_check_interval=HEALTH_CHECK_INTERVAL)
         )
     try:
-        return redis.asyncio.Redis.from_url(
+        client = redis.asyncio.Redis.from_url(
             settings.url,
             password=settings.password.reveal() or None,
             retry=redis.asyncio.retry.Retry(redis.backoff.NoBackoff(), 0),
@@ -72,13 +76,17 @@ def connect(settings: RedisSettings, *, client_name: str | None = None) -> redis
         )
     except ValueError as exc:
         raise ConfigError(f"bad redis.url: {exc}") from None
+    return keep_repeated_fields(client)
 
 
 def connect_sync(settings: RedisSettings, *, client_name: str | None = None) -> redis.Redis:
     """Return a blocking Redis client for ``settings.url`` (for Spark executors and tools).
 
     A cluster client learns the cluster's layout at once (the only client
-    here that does I/O when created).
+    here that does I/O when created). A single-node client reads stream
+    entries through :func:`keep_repeated_fields`; a cluster one (redis-py's
+    blocking ``RedisCluster`` parses replies on each node's own client) is
+    for writes: :func:`~._entry.entries_from_reply` refuses what it reads.
 
     Raises:
         ConfigError: the URL cannot be parsed.
@@ -90,11 +98,13 @@ def connect_sync(settings: RedisSettings, *, client_name: str | None = None) -> 
                 settings, client_name=client_name, health_check_interval=HEALTH_CHECK_INTERVAL
             )
     if is_sentinel_url(settings.url):
-        return connect_sentinel_sync(
-            settings, client_name=client_name, health_check_interval=HEALTH_CHECK_INTERVAL
+        return keep_repeated_fields(
+            connect_sentinel_sync(
+                settings, client_name=client_name, health_check_interval=HEALTH_CHECK_INTERVAL
+            )
         )
     try:
-        return redis.Redis.from_url(
+        client = redis.Redis.from_url(
             settings.url,
             password=settings.password.reveal() or None,
             retry=redis.retry.Retry(redis.backoff.NoBackoff(), 0),
@@ -107,6 +117,7 @@ def connect_sync(settings: RedisSettings, *, client_name: str | None = None) -> 
         )
     except ValueError as exc:
         raise ConfigError(f"bad redis.url: {exc}") from None
+    return keep_repeated_fields(client)
 
 
 # redis-py's RedisClusterException texts that mean "the cluster is not reachable or not settled".
@@ -134,6 +145,7 @@ def redis_errors(what: str) -> Iterator[None]:
     - NOGROUP, "no such key", UNBLOCKED because the key was deleted -> NotFound
     - UNBLOCKED for any other reason (the server became a replica) -> TransientError
     - WRONGTYPE (a key used by something else) -> ConfigError
+    - WAITAOF refused (appendonly turned off, a server older than 7.2) -> ConfigError
 
     Other ``ResponseError``s, and an AttributeError or LookupError raised by our
     own code, are programming errors and propagate unchanged.
@@ -190,6 +202,10 @@ def redis_errors(what: str) -> Iterator[None]:
             raise ConfigError(f"{what}: a key has the wrong type (another program uses it?): {text}") from exc
         if text.startswith(("NOAUTH", "WRONGPASS")):
             raise ConfigError(f"redis refused our credentials during {what}: {text}") from exc
+        if "waitaof" in text.lower():
+            # Checked at start (redis.durability); seen later only when the server changed under
+            # us: appendonly turned off, or a failover to a node older than Redis 7.2.
+            raise ConfigError(f"redis can no longer give redis.durability during {what}: {text}") from exc
         raise
 
 

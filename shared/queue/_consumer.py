@@ -34,6 +34,7 @@ from ._connect import redis_errors
 from ._dead_letters import DEFAULT_MAX_COPY_BYTES, dead_letter_fields
 from ._entry import Entry, as_text, entries_from_raw, entries_from_reply, id_key, max_id
 from ._keys import Keys
+from ._stream_replies import keep_repeated_fields
 
 DEFAULT_GROUP = "workers"
 
@@ -201,7 +202,7 @@ class ShardConsumer:
     ) -> None:
         if not consumer:
             raise ValueError("a consumer name is required")
-        self.redis = redis_client
+        self.redis = keep_repeated_fields(redis_client)  # an entry that repeats a field name is seen
         self.keys = keys
         self.shard = shard
         self.group = group
@@ -327,7 +328,7 @@ class ShardConsumer:
             max_copy_bytes=self._max_copy_bytes,
         )
         args: list[Any] = [self.group, entry.id]
-        for name, value in fields.items():
+        for name, value in fields:
             args += [name, value]
         with redis_errors("dead_letter"):
             result = await self._dead_letter(keys=[self.stream, self.dead_stream], args=args)

@@ -18,7 +18,10 @@ A dead-letter entry (stream ``cf:<fleet>:{s<n>}:dead``) has these fields:
 =================  ==========================================================
 
 Original fields are prefixed so that a hostile message cannot forge our own
-fields.
+fields. An entry that repeats a field name is copied as sent, repeats
+included (``orig.data`` twice for ``data A data B``): the dead letter then
+repeats that name too, and :func:`parse_dead_letter` gives its original
+fields as a :class:`~shared.events.RepeatedFields`.
 
 The dead stream is capped by count and by age (``cap_dead_letters``, run by
 the shard's owner on its trim timer; ``queue.dead_letter_maxlen`` and
@@ -32,10 +35,12 @@ from dataclasses import dataclass
 
 import redis.asyncio
 
+from ..events import RepeatedFields
 from ._connect import redis_errors
-from ._entry import Entry, entries_from_reply
+from ._entry import Entry, entries_from_reply, fields_of
 from ._fleet_meta import read_fleet_meta
 from ._keys import Keys
+from ._stream_replies import keep_repeated_fields
 
 ORIG_PREFIX = b"orig."
 MAX_DETAIL_CHARS = 2000
@@ -67,8 +72,11 @@ def dead_letter_fields(
     consumer: str,
     now_ms: int,
     max_copy_bytes: int = DEFAULT_MAX_COPY_BYTES,
-) -> dict[bytes, bytes]:
-    """Return the fields of the dead-letter entry for ``entry`` (see the module doc).
+) -> list[tuple[bytes, bytes]]:
+    """Return the fields of the dead-letter entry for ``entry``, in order (see the module doc).
+
+    A list, not a dict: the fields of an entry that repeats a name (a
+    :class:`~shared.events.RepeatedFields`) are all copied, repeats included.
 
     Total: whatever the entry holds (any bytes, str, thousands of fields),
     the result is bytes to bytes, at most :data:`MAX_COPIED_FIELDS` original
@@ -76,25 +84,27 @@ def dead_letter_fields(
     something was left out).
     """
     truncated = False
-    copied: dict[bytes, bytes] = {}
-    names = sorted(entry.fields, key=lambda n: _raw(n) not in _FIRST)  # stable: data, sig, then as sent
-    if len(names) > MAX_COPIED_FIELDS:
-        names, truncated = names[:MAX_COPIED_FIELDS], True
-    for name in names:
-        value = _raw(entry.fields[name])
+    fields = entry.fields
+    pairs = list(fields.pairs if type(fields) is RepeatedFields else fields.items())
+    pairs.sort(key=lambda p: _raw(p[0]) not in _FIRST)  # stable: data, sig, then as sent
+    if len(pairs) > MAX_COPIED_FIELDS:
+        pairs, truncated = pairs[:MAX_COPIED_FIELDS], True
+    copied: list[tuple[bytes, bytes]] = []
+    for name, raw_value in pairs:
+        value = _raw(raw_value)
         if len(value) > max_copy_bytes:
             value, truncated = value[:max_copy_bytes], True
-        copied[ORIG_PREFIX + _raw(name)] = value
-    return {
-        b"reason": reason.encode("utf-8", "backslashreplace")[:200],
-        b"detail": detail[:MAX_DETAIL_CHARS].encode("utf-8", "backslashreplace"),
-        b"stream_id": _raw(entry.id),
-        b"shard": str(shard).encode(),
-        b"consumer": consumer.encode("utf-8", "backslashreplace"),
-        b"dead_at": str(now_ms).encode(),
-        b"truncated": b"1" if truncated else b"0",
-        **copied,
-    }
+        copied.append((ORIG_PREFIX + _raw(name), value))
+    return [
+        (b"reason", reason.encode("utf-8", "backslashreplace")[:200]),
+        (b"detail", detail[:MAX_DETAIL_CHARS].encode("utf-8", "backslashreplace")),
+        (b"stream_id", _raw(entry.id)),
+        (b"shard", str(shard).encode()),
+        (b"consumer", consumer.encode("utf-8", "backslashreplace")),
+        (b"dead_at", str(now_ms).encode()),
+        (b"truncated", b"1" if truncated else b"0"),
+        *copied,
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,12 +122,26 @@ class DeadLetter:
     dead_at_ms: int
     truncated: bool
     fields: dict[bytes, bytes]
-    """The original entry's fields (without the ``orig.`` prefix)."""
+    """The original entry's fields (without the ``orig.`` prefix); an empty
+    :class:`~shared.events.RepeatedFields` holding them all, as sent, when it repeated a name."""
 
 
 def parse_dead_letter(shard: int, entry: Entry) -> DeadLetter:
     """Return the dead letter an entry of the dead stream holds (tolerant: missing fields are empty)."""
     f = entry.fields
+    flat_orig: list[bytes] = []
+    if type(f) is RepeatedFields:  # the original repeated a name, so does its copy (orig.<name>)
+        own: list[bytes] = []
+        for name, value in f.pairs:
+            if name.startswith(ORIG_PREFIX):
+                flat_orig += (name[len(ORIG_PREFIX) :], value)
+            else:
+                own += (name, value)
+        f = fields_of(own)  # our own fields are written once; a repeated one reads as missing
+    else:
+        for name, value in f.items():
+            if name.startswith(ORIG_PREFIX):
+                flat_orig += (name[len(ORIG_PREFIX) :], value)
 
     def text(name: bytes) -> str:
         return f.get(name, b"").decode("utf-8", "replace")
@@ -135,7 +159,7 @@ def parse_dead_letter(shard: int, entry: Entry) -> DeadLetter:
         consumer=text(b"consumer"),
         dead_at_ms=dead_at,
         truncated=f.get(b"truncated") == b"1",
-        fields={k[len(ORIG_PREFIX) :]: v for k, v in f.items() if k.startswith(ORIG_PREFIX)},
+        fields=fields_of(flat_orig),
     )
 
 
@@ -155,6 +179,7 @@ async def read_dead_letters(
         TransientError: Redis is unreachable.
         ConfigError: the fleet's meta record is malformed.
     """
+    keep_repeated_fields(redis_client)
     if shard is None:
         meta = await read_fleet_meta(redis_client, keys.fleet)
         if meta is None:

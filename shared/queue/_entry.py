@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import msgspec
+
+from ..events import RepeatedFields
 
 
 # A msgspec Struct: intake builds one per event, and a Struct is built in C (a
@@ -18,7 +20,10 @@ class Entry(msgspec.Struct, gc=False):
     An entry whose fields are empty was deleted from the stream (trimmed)
     while it was still pending: Redis remembers that it was delivered but
     no longer has its content. Such an entry can only be acknowledged or
-    dead-lettered.
+    dead-lettered. An entry that repeats a field name has empty fields too,
+    of type :class:`~shared.events.RepeatedFields` (every field as sent is in
+    its ``pairs``): no value of a repeated name is the right one, so none is
+    offered (see :func:`fields_of`).
     """
 
     id: bytes
@@ -27,7 +32,7 @@ class Entry(msgspec.Struct, gc=False):
     @property
     def deleted(self) -> bool:
         """Return True when the entry's content is gone from the stream (see class doc)."""
-        return not self.fields
+        return not self.fields and type(self.fields) is not RepeatedFields
 
 
 def as_text(value: bytes | str) -> str:
@@ -72,14 +77,60 @@ def max_id(current: bytes | None, ids: Iterable[bytes]) -> bytes | None:
     return best
 
 
+def fields_of(flat: Sequence[bytes] | None) -> dict[bytes, bytes]:
+    """Return the fields of one stream entry from its field list as Redis sends it, ``[name, value, ...]``.
+
+    Every reader of entries builds their fields here (:func:`entries_from_raw`,
+    and redis-py's replies through :mod:`._stream_replies`), so that a name
+    that occurs more than once is always seen: the fields are then an empty
+    :class:`~shared.events.RepeatedFields` holding every field as sent, never
+    a dict with one of the values. None or an empty list (an entry deleted
+    while pending) gives an empty dict.
+    """
+    if not flat:
+        return {}
+    if len(flat) == 2:  # the usual entry: one field (data)
+        return {flat[0]: flat[1]}
+    names, values = flat[::2], flat[1::2]
+    fields = dict(zip(names, values, strict=True))
+    if len(fields) == len(names):
+        return fields
+    return RepeatedFields(zip(names, values, strict=True))
+
+
+class StreamRows(list[tuple[Any, ...]]):
+    """The ``(id, fields)`` rows of a stream reply whose fields :func:`fields_of` built.
+
+    redis-py's own parsers build each entry's fields with ``dict(zip(...))``,
+    keeping the last value of a repeated name; the parsers installed by
+    :func:`~shared.queue.keep_repeated_fields` return this type instead, and
+    :func:`entries_from_reply` refuses rows of any other type.
+    """
+
+    __slots__ = ()
+
+
 def entries_from_reply(reply: Any) -> list[Entry]:
     """Return the entries of a parsed XREADGROUP/XREAD reply for ONE stream (redis-py RESP2 shape).
 
-    ``reply`` is ``[[stream, [(id, {field: value}), ...]]]`` or empty.
+    ``reply`` is ``[[stream, [(id, {field: value}), ...]]]`` or empty, from a
+    client set up by :func:`~shared.queue.keep_repeated_fields` (every client
+    ``shared.queue.connect`` returns is).
+
+    Raises:
+        TypeError: the rows were parsed by redis-py's own stream parser, which
+            drops all but the last value of a repeated field name.
     """
     if not reply:
         return []
-    return [Entry(entry_id, fields or {}) for entry_id, fields in reply[0][1]]
+    rows = reply[0][1]
+    if type(rows) is not StreamRows and rows:
+        raise TypeError(
+            "this stream reply was parsed by redis-py's own parser, which keeps only the last value of a"
+            " repeated field name: read entries with a client from shared.queue.connect, or pass the client"
+            " through shared.queue.keep_repeated_fields first"
+        )
+    return [Entry(entry_id, {} if fields is None else fields) for entry_id, fields in rows]
 
 
 def entries_from_raw(raw: Any) -> list[Entry]:
@@ -88,13 +139,21 @@ def entries_from_raw(raw: Any) -> list[Entry]:
     add = out.append  # per event: bound once
     for item in raw or ():
         entry_id, flat = item[0], item[1]
-        if not flat:
-            add(Entry(entry_id, {}))
-        elif len(flat) == 2:  # the usual entry: one field (data)
+        if flat and len(flat) == 2:  # the usual entry: one field (data); fields_of spelled out
             add(Entry(entry_id, {flat[0]: flat[1]}))
         else:
-            add(Entry(entry_id, dict(zip(flat[::2], flat[1::2], strict=True))))
+            add(Entry(entry_id, fields_of(flat)))
     return out
 
 
-__all__ = ["Entry", "as_text", "as_bytes", "entries_from_raw", "entries_from_reply", "id_key", "max_id"]
+__all__ = [
+    "Entry",
+    "StreamRows",
+    "as_text",
+    "as_bytes",
+    "entries_from_raw",
+    "entries_from_reply",
+    "fields_of",
+    "id_key",
+    "max_id",
+]

@@ -17,6 +17,7 @@ import redis.asyncio
 from .._errors import ConfigError
 from ..settings import Settings
 from ._connect import redis_errors
+from ._durability import check_durability, probe_keys
 from ._keys import Keys
 
 # Record the shard count and creation time if absent; return the recorded count. A script,
@@ -117,12 +118,20 @@ async def read_fleet_meta(redis_client: redis.asyncio.Redis, fleet: str) -> Flee
 async def join_fleet(redis_client: redis.asyncio.Redis, settings: Settings) -> Settings:
     """Return ``settings`` with the fleet's shard count; create the fleet when new (workers, coordinators).
 
+    Then check that the server gives ``redis.durability`` (:func:`check_durability`,
+    on every master the fleet writes to), so that a level it cannot give stops
+    the process here, at start, and not at its first commit. The check's wait
+    also covers the fleet record just created (one ordered log per master).
+
     Raises:
-        ConfigError: ``fleet.shards`` is set and disagrees with the fleet's record.
+        ConfigError: ``fleet.shards`` is set and disagrees with the fleet's record,
+            or the server cannot give ``redis.durability`` (one line saying why).
         TransientError: Redis is unreachable.
     """
     shards = await ensure_fleet(redis_client, settings.fleet.name, settings.fleet.shards)
-    return settings.with_shards(shards)
+    joined = settings.with_shards(shards)
+    await check_durability(redis_client, joined.redis.durable, probe_keys(Keys(joined.fleet.name), shards))
+    return joined
 
 
 async def existing_fleet(redis_client: redis.asyncio.Redis, settings: Settings) -> Settings:

@@ -12,10 +12,13 @@ The first publish of a publisher checks (or records) the fleet's shard
 count in Redis, so a producer configured with the wrong N fails with
 ConfigError instead of routing datasets to the wrong shards.
 
-With ``wait_replicas`` = N > 0 every pipelined batch ends with ``WAIT N``
-on each node it wrote to (see :mod:`._cluster`); a batch fewer than N
-replicas acknowledged is sent again under the retry policy, so a returned
-publish survives the failure of any one master.
+With a ``durability`` level other than ``memory`` (``redis.durability``,
+see :mod:`._durability`) every pipelined batch ends with the level's ``WAIT``
+/ ``WAITAOF`` on each node it wrote to; a batch that fell short is sent again
+under the retry policy, so a returned publish is as durable as the level
+says. The first publish also checks that the server gives the level at all
+(a ConfigError, one line, when it cannot). ``wait_replicas`` /
+``wait_timeout`` are the older spelling of ``durability`` = ``replicas``.
 """
 
 from __future__ import annotations
@@ -32,9 +35,10 @@ import redis.asyncio
 from .._errors import ConfigError
 from .._retry import RetryPolicy, retry
 from ..events import QueueEvent, entry_fields
-from ..settings import RedisSettings, Secret
-from ._cluster import check_waits, is_cluster, queue_wait
+from ..settings import Durability, RedisSettings, Secret, resolve_durability
+from ._cluster import is_cluster
 from ._connect import connect_sync, redis_errors
+from ._durability import check_durability, check_durability_sync, check_durable, probe_keys, queue_durable
 from ._fleet_meta import ensure_fleet, ensure_fleet_sync
 from ._keys import Keys
 from ._routing import split_by_shard
@@ -110,11 +114,14 @@ class _PublisherBase:
         wait_replicas: int = 0,
         wait_timeout: float = 1.0,
         sign_version: int = 2,
+        durability: Durability | None = None,
     ) -> None:
-        if wait_replicas < 0 or wait_timeout <= 0:
-            raise ConfigError(f"bad WAIT settings: {wait_replicas} replicas, {wait_timeout} s")
-        self.wait_replicas = wait_replicas
-        self.wait_timeout = wait_timeout
+        if durability is None:
+            try:
+                durability = resolve_durability("", wait_replicas, wait_timeout)
+            except ValueError:
+                raise ConfigError(f"bad WAIT settings: {wait_replicas} replicas, {wait_timeout} s") from None
+        self.durability = durability
         self.keys = Keys(fleet)
         self.shards = shards
         self.secret = _secret_bytes(secret)
@@ -126,11 +133,14 @@ class _PublisherBase:
         self._checked = False
 
     def _queue_waits(self, client: object, pipe: object, chunk: Sequence[tuple[int, Fields]]) -> int:
-        """Append the WAITs of a batch to its pipeline; return how many (0 with WAIT off)."""
-        if not self.wait_replicas:
+        """Append the durability waits of a batch to its pipeline; return how many (0 for ``memory``)."""
+        if not self.durability.waits:
             return 0
         streams = {self.keys.events(shard) for shard, _ in chunk}
-        return queue_wait(client, pipe, streams, self.wait_replicas, self.wait_timeout)
+        return queue_durable(client, pipe, streams, self.durability)
+
+    def _probe_keys(self) -> list[str]:
+        return probe_keys(self.keys, self.shards)
 
 
 class AsyncPublisher(_PublisherBase):
@@ -141,8 +151,8 @@ class AsyncPublisher(_PublisherBase):
     shard stream approximately (off by default: trimming can drop entries
     that were never consumed); ``policy`` bounds the retries of transient
     errors and ``on_retry(attempt, error)`` is called before each retry (for
-    logs and metrics); ``wait_replicas`` / ``wait_timeout``: see the module
-    docstring. The caller owns ``redis_client``.
+    logs and metrics); ``durability`` (or the older ``wait_replicas`` /
+    ``wait_timeout``): see the module docstring. The caller owns ``redis_client``.
     """
 
     def __init__(
@@ -158,16 +168,31 @@ class AsyncPublisher(_PublisherBase):
         wait_replicas: int = 0,
         wait_timeout: float = 1.0,
         sign_version: int = 2,
+        durability: Durability | None = None,
     ) -> None:
         self.redis = redis_client
         super().__init__(
-            fleet, shards, secret, maxlen, policy, on_retry, wait_replicas, wait_timeout, sign_version
+            fleet,
+            shards,
+            secret,
+            maxlen,
+            policy,
+            on_retry,
+            wait_replicas,
+            wait_timeout,
+            sign_version,
+            durability,
         )
 
     async def _check_fleet(self) -> None:
         if not self._checked:
             await retry(
                 lambda: ensure_fleet(self.redis, self.keys.fleet, self.shards),
+                self.policy,
+                on_retry=self.on_retry,
+            )
+            await retry(
+                lambda: check_durability(self.redis, self.durability, self._probe_keys()),
                 self.policy,
                 on_retry=self.on_retry,
             )
@@ -214,13 +239,13 @@ class AsyncPublisher(_PublisherBase):
 
             async def send(chunk: Sequence[tuple[int, Fields]] = chunk) -> list[bytes]:
                 with redis_errors("XADD"):
-                    if self.wait_replicas and is_cluster(self.redis):
+                    if self.durability.waits and is_cluster(self.redis):
                         await self.redis.initialize()  # the slot map routes each WAIT
                     async with self.redis.pipeline(transaction=False) as pipe:
                         for shard, fields in chunk:
                             pipe.xadd(self.keys.events(shard), dict(fields), **extra)  # type: ignore[arg-type]
                         waits = self._queue_waits(self.redis, pipe, chunk)
-                        return check_waits(list(await pipe.execute()), waits, self.wait_replicas)
+                        return check_durable(list(await pipe.execute()), waits, self.durability)
 
             ids.extend(await retry(send, self.policy, on_retry=self.on_retry))
         return ids
@@ -274,10 +299,20 @@ class SyncPublisher(_PublisherBase):
         wait_replicas: int = 0,
         wait_timeout: float = 1.0,
         sign_version: int = 2,
+        durability: Durability | None = None,
     ) -> None:
         self.redis = redis_client
         super().__init__(
-            fleet, shards, secret, maxlen, policy, on_retry, wait_replicas, wait_timeout, sign_version
+            fleet,
+            shards,
+            secret,
+            maxlen,
+            policy,
+            on_retry,
+            wait_replicas,
+            wait_timeout,
+            sign_version,
+            durability,
         )
 
     @classmethod
@@ -294,6 +329,7 @@ class SyncPublisher(_PublisherBase):
         wait_replicas: int = 0,
         wait_timeout: float = 1.0,
         sign_version: int = 2,
+        durability: Durability | None = None,
     ) -> SyncPublisher:
         """Return this process's publisher for these arguments, creating it on first use.
 
@@ -315,6 +351,8 @@ class SyncPublisher(_PublisherBase):
             maxlen,
             sign_version,
             wait_replicas,
+            wait_timeout,
+            durability,
         )
         with cls._cache_lock:
             found = cls._cache.get(key)
@@ -333,6 +371,7 @@ class SyncPublisher(_PublisherBase):
                     wait_replicas=wait_replicas,
                     wait_timeout=wait_timeout,
                     sign_version=sign_version,
+                    durability=durability,
                 )
                 cls._cache[key] = found
             return found
@@ -353,6 +392,11 @@ class SyncPublisher(_PublisherBase):
         if not self._checked:
             retry_sync(
                 lambda: ensure_fleet_sync(self.redis, self.keys.fleet, self.shards),
+                self.policy,
+                on_retry=self.on_retry,
+            )
+            retry_sync(
+                lambda: check_durability_sync(self.redis, self.durability, self._probe_keys()),
                 self.policy,
                 on_retry=self.on_retry,
             )
@@ -388,7 +432,7 @@ class SyncPublisher(_PublisherBase):
                     for shard, fields in chunk:
                         pipe.xadd(self.keys.events(shard), dict(fields), **extra)  # type: ignore[arg-type]
                     waits = self._queue_waits(self.redis, pipe, chunk)
-                    return check_waits(list(pipe.execute()), waits, self.wait_replicas)
+                    return check_durable(list(pipe.execute()), waits, self.durability)
 
             ids.extend(retry_sync(send, self.policy, on_retry=self.on_retry))
         return ids

@@ -6,6 +6,7 @@ Credentials are :class:`Secret` values, masked wherever they are shown; a
 password written in a Redis URL is moved out of it (:func:`split_redis_url`).
 """
 
+from ._durability import LEVELS, MEMORY, Durability, DurabilityLevel, resolve_durability
 from ._load import load_settings
 from ._redis_url import (
     ClusterUrl,
@@ -39,7 +40,11 @@ from ._sections import (
 )
 
 __all__ = [
+    "LEVELS",
     "MASK",
+    "MEMORY",
+    "Durability",
+    "DurabilityLevel",
     "AdminSettings",
     "ClusterUrl",
     "CommitSettings",
@@ -67,6 +72,7 @@ __all__ = [
     "masked_url",
     "parse_cluster_url",
     "parse_sentinel_url",
+    "resolve_durability",
     "secret_dec_hook",
     "secret_enc_hook",
     "split_redis_url",

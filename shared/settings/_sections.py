@@ -21,6 +21,7 @@ from typing import Literal
 
 import msgspec
 
+from ._durability import Durability, resolve_durability
 from ._redis_url import check_redis_url, split_redis_url
 from ._secret import Secret, coerce_secret
 
@@ -63,11 +64,15 @@ class RedisSettings(_Section, frozen=True):
     password: Secret = Secret()
     socket_timeout: float = 10.0
 
-    # -- Redis Cluster and durability (docs/queue.md "Redis Cluster") --------------
+    # -- Durability (docs/queue.md "Durability") and Redis Cluster ("Redis Cluster") ---------
     # redis+cluster://host:port[,host:port...] (rediss+cluster:// with TLS) selects a cluster,
     # redis+sentinel://host:port[,host:port...]/SERVICE[/db] a master found through Sentinel.
-    # wait_replicas > 0: publishers and workers' state writes WAIT for that many replicas
-    # (at most wait_timeout seconds each) and treat fewer acknowledgements as a transient error.
+    # durability: "memory", "replicas" (WAIT), "aof" (WAITAOF 1 0, Redis 7.2+) or "aof+replicas"
+    # (WAITAOF 1 n): what the fleet's durable writes wait for after Redis acknowledged them.
+    # "" (not set): "memory", or "replicas" when wait_replicas > 0 (the older setting, an alias).
+    # wait_replicas: the n of "replicas" / "aof+replicas" (0 there means 1); wait_timeout: seconds
+    # per WAIT / WAITAOF; fewer acknowledgements is a transient error (the write is retried).
+    durability: str = ""
     wait_replicas: int = 0
     wait_timeout: float = 1.0
 
@@ -81,10 +86,12 @@ class RedisSettings(_Section, frozen=True):
             msgspec.structs.force_setattr(self, "password", Secret(in_url))
         msgspec.structs.force_setattr(self, "url", clean)
         check_redis_url(self.url)  # raises ValueError with a one-line reason
-        if self.wait_replicas < 0:
-            raise ValueError("redis.wait_replicas must be >= 0")
-        if self.wait_timeout <= 0:
-            raise ValueError("redis.wait_timeout must be > 0 seconds")
+        resolve_durability(self.durability, self.wait_replicas, self.wait_timeout)  # one-line ValueError
+
+    @property
+    def durable(self) -> Durability:
+        """The durability level these settings ask for, resolved (``durability`` with ``wait_replicas``)."""
+        return resolve_durability(self.durability, self.wait_replicas, self.wait_timeout)
 
 
 class StoreSettings(_Section, frozen=True):

@@ -35,8 +35,15 @@ class ProducerConfig(msgspec.Struct, frozen=True, kw_only=True):
     - ``app``: a free-text application name carried in ``JobStarted``.
     - ``upload_concurrency``: staged files written at once by one task.
     - ``redis_socket_timeout``: seconds per Redis command.
-    - ``redis_wait_replicas`` / ``redis_wait_timeout``: publishes wait for this
-      many replicas (``WAIT``, at most this many seconds per batch; 0: off).
+    - ``redis_durability``: what every publish waits for once Redis took it,
+      as the fleet's ``redis.durability``: ``"memory"``, ``"replicas"``
+      (``WAIT``), ``"aof"`` / ``"aof+replicas"`` (``WAITAOF``, Redis 7.2+); ``""``
+      (default): ``"memory"``, or ``"replicas"`` when ``redis_wait_replicas`` > 0.
+      Checked against the server at the first publish (a ConfigError, one line,
+      when it cannot give it).
+    - ``redis_wait_replicas`` / ``redis_wait_timeout``: the replica count of
+      ``"replicas"`` / ``"aof+replicas"`` (0 there: 1), and the seconds per
+      ``WAIT`` / ``WAITAOF`` (per batch).
     - ``preflight``: before the job starts, run one probe task on the executors
       (package, store write and delete, Redis); off only to save its ~1 s.
     """
@@ -58,6 +65,7 @@ class ProducerConfig(msgspec.Struct, frozen=True, kw_only=True):
     preflight: bool = True
     redis_wait_replicas: int = 0
     redis_wait_timeout: float = 1.0
+    redis_durability: str = ""
 
     def __post_init__(self) -> None:
         msgspec.structs.force_setattr(self, "hmac_secret", coerce_secret(self.hmac_secret))
@@ -74,7 +82,7 @@ class ProducerConfig(msgspec.Struct, frozen=True, kw_only=True):
         if not self.store_url.startswith(("file://", "s3://", "gs://", "az://")):
             raise ConfigError(f"store_url must start with file://, s3://, gs:// or az://: {self.store_url!r}")
         try:
-            self.redis_settings  # noqa: B018 - validates the URL and the WAIT settings
+            self.redis_settings  # noqa: B018 - validates the URL and the durability settings
         except ValueError as exc:
             raise ConfigError(f"redis_url: {exc}") from None
         if self.shards is not None and not 1 <= self.shards <= 16384:
@@ -111,6 +119,7 @@ class ProducerConfig(msgspec.Struct, frozen=True, kw_only=True):
             redis_socket_timeout=settings.redis.socket_timeout,
             redis_wait_replicas=settings.redis.wait_replicas,
             redis_wait_timeout=settings.redis.wait_timeout,
+            redis_durability=settings.redis.durability,
         )
 
     @property
@@ -122,6 +131,7 @@ class ProducerConfig(msgspec.Struct, frozen=True, kw_only=True):
             socket_timeout=self.redis_socket_timeout,
             wait_replicas=self.redis_wait_replicas,
             wait_timeout=self.redis_wait_timeout,
+            durability=self.redis_durability,
         )
 
     def with_shards(self, shards: int) -> ProducerConfig:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from .._errors import ConfigError
 from ..events import QueueEvent, ValidationLimits, decode_event, encode_event
 from ..queue import SyncPublisher, connect, read_fleet_meta
+from ..settings import resolve_durability
 from ._config import ProducerConfig
 from ._executor_runtime import process_runtime
 
@@ -56,9 +57,11 @@ def publisher_for(config: ProducerConfig) -> SyncPublisher:
         config.hmac_secret,
         password=config.redis_password,
         socket_timeout=config.redis_socket_timeout,
-        wait_replicas=config.redis_wait_replicas,
-        wait_timeout=config.redis_wait_timeout,
         sign_version=config.sign_version,
+        # Validated when the config was built; resolved here without re-building its RedisSettings.
+        durability=resolve_durability(
+            config.redis_durability, config.redis_wait_replicas, config.redis_wait_timeout
+        ),
     )
 
 

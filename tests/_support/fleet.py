@@ -139,7 +139,8 @@ async def inprocess_fleet(
     """Run a coordinator ``c1`` and one worker per id of ``workers`` in this process until the block ends.
 
     ``settings`` (see :func:`fleet_settings`) are every process's; the store
-    handle is opened from them, the publisher signs with their secret and
+    handle is opened from them, the publisher signs with their secret (and waits
+    for their ``redis.durability``) and
     ``redis_client`` is the test's own client. ``ensure``: create the fleet's
     streams and groups before anything starts (as ``commitfleet init`` does).
     ``probe``: every worker's probe (:mod:`workers._probe`, e.g. a gate of
@@ -159,7 +160,9 @@ async def inprocess_fleet(
     coord = Coordinator(settings, coordinator_id="c1")
     members = [Worker(settings, worker_id=wid, probe=probe) for wid in workers]
     secret = settings.security.hmac_secret.reveal_bytes()
-    publisher = AsyncPublisher(redis_client, fleet_name, shards, secret=secret)
+    publisher = AsyncPublisher(
+        redis_client, fleet_name, shards, secret=secret, durability=settings.redis.durable
+    )
     async with AsyncExitStack() as stack:
         store = await stack.enter_async_context(open_store(settings.store.url, settings.store))
         spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]]

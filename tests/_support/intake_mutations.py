@@ -2,14 +2,16 @@
 
 Everything is drawn from one ``random.Random``, so a failing case is
 reproduced from its seed (hypothesis drives the seed in unit tests; the fleet
-fuzz test uses a fixed one). Each entry is a dict of stream fields (bytes to
-bytes), as ``XADD`` would store it.
+fuzz test uses a fixed one). Each entry is a list of stream fields (name,
+value), as ``XADD`` would store it: a name may occur more than once
+(:data:`REPEATS`), which the contract rejects (``schema``).
 """
 
 from __future__ import annotations
 
 import json
 import random
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -235,10 +237,36 @@ MUTATIONS: dict[str, Callable[[random.Random, dict[str, Any]], bytes]] = {
 }
 
 
+# How an entry repeats a field name: the event's data (another message's, or the same bytes
+# again), the signature, a field nobody reads.
+REPEATS: tuple[str, ...] = ("data", "same_data", "sig", "unknown")
+REPEAT_RATE = 0.06
+
+
+def _repeat(rng: random.Random, pairs: list[tuple[bytes, bytes]], other_data: bytes) -> None:
+    """Make one field name of ``pairs`` occur more than once (:data:`REPEATS` says which), each
+    added field at a random place."""
+    how = rng.choice(REPEATS)
+    present = dict(pairs)
+    name = {"data": b"data", "same_data": b"data", "sig": b"sig"}.get(how) or rng.choice(
+        [b"trace", b"\xff\xfe", b"Data", b""]
+    )
+    if how == "data":
+        value = other_data
+    elif how == "same_data":
+        value = present.get(name, other_data)
+    elif how == "sig":
+        value = rng.choice([present.get(name, b""), rng.randbytes(8), b"zz"])
+    else:
+        value = rng.randbytes(4)
+    for _ in range(1 if name in present else 2):
+        pairs.insert(rng.randrange(len(pairs) + 1), (name, value))
+
+
 def hostile_entry(
     rng: random.Random, datasets: Sequence[str], foreign: str, secret: bytes | None
-) -> tuple[str, dict[bytes, bytes]]:
-    """Return (mutation name, stream fields) of one hostile or valid entry."""
+) -> tuple[str, list[tuple[bytes, bytes]]]:
+    """Return (mutation name, stream fields as sent) of one hostile or valid entry."""
     doc = rng.choice(base_messages(rng, datasets, foreign))
     kind = rng.choice(list(MUTATIONS))
     data = MUTATIONS[kind](rng, doc)
@@ -264,4 +292,17 @@ def hostile_entry(
             fields[b"sig"] = sig
     elif rng.random() < 0.05:
         fields[b"sig"] = rng.randbytes(8)  # ignored without a secret
-    return kind, fields
+    pairs = list(fields.items())
+    if rng.random() < REPEAT_RATE:
+        _repeat(
+            rng,
+            pairs,
+            MUTATIONS[rng.choice(list(MUTATIONS))](rng, rng.choice(base_messages(rng, datasets, foreign))),
+        )
+    return kind, pairs
+
+
+def repeated_names(pairs: Sequence[tuple[bytes, bytes]]) -> set[bytes]:
+    """Return the field names that occur more than once in ``pairs``."""
+    counts = Counter(name for name, _ in pairs)
+    return {name for name, n in counts.items() if n > 1}

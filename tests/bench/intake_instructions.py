@@ -76,7 +76,7 @@ def run(n: int, *, judge: bool) -> float:
     settings = types.SimpleNamespace(
         fleet=types.SimpleNamespace(shards=1), worker=types.SimpleNamespace(job_timeout=3600.0)
     )
-    ctx: Any = types.SimpleNamespace(settings=settings, limits=ValidationLimits())
+    ctx: Any = types.SimpleNamespace(settings=settings, limits=ValidationLimits(), probe=None)
     consumer: Any = types.SimpleNamespace(stream="bench")
     ledger = ShardLedger()
     runner = Intake(

@@ -23,13 +23,14 @@ from shared.queue import (
     connect,
     connect_sync,
     ensure_fleet,
-    wait_replicated,
+    make_durable,
 )
-from shared.settings import RedisSettings
+from shared.settings import Durability, RedisSettings
 from tests._support.fleet import fleet_settings, inprocess_fleet
 from tests._support.fleet_checks import admin_events, clean_audit, committed, no_wal_left
 from tests._support.fleet_jobs import good_job
 from tests._support.ports import free_port
+from tests._support.repeated_fields import check_repeated, seed_repeated
 from tests._support.wait import wait_for
 
 
@@ -68,6 +69,29 @@ async def test_publish_and_commit_through_a_cluster(
         await client.aclose()
 
 
+@pytest.mark.redis_cluster
+async def test_repeated_field_names_are_dead_lettered_on_a_cluster(
+    redis_cluster_url: str, fleet_name: str, tmp_path: Path
+) -> None:
+    """tests/fleet/test_repeated_fields.py on the cluster, where a save reads ahead through
+    redis-py's cluster pipeline (not a raw connection) and replies are parsed per node."""
+    settings = fleet_settings(
+        redis_cluster_url,
+        tmp_path / "store",
+        fleet_name,
+        shards=4,
+        security={"hmac_secret": "repeat-secret"},
+        worker={"read_batch": 3},
+    )
+    client = connect(settings.redis)
+    try:
+        seeded = await seed_repeated(client, settings, shard=1, worker="w1")
+        async with inprocess_fleet(client, settings, ensure=False) as fleet:
+            await check_repeated(fleet, seeded)
+    finally:
+        await client.aclose()
+
+
 async def test_publishers_wait_for_replicas_on_the_cluster(redis_cluster_url: str, fleet_name: str) -> None:
     settings = load_settings(env={}, overrides={"redis": {"url": redis_cluster_url, "wait_replicas": 1}})
     client = connect(settings.redis)
@@ -82,33 +106,31 @@ async def test_publishers_wait_for_replicas_on_the_cluster(redis_cluster_url: st
         try:
             assert len(await asyncio.to_thread(sync.publish_many, evs)) == 40
             # Each master has one replica: asking for two can never be satisfied.
-            sync.wait_replicas = 2
+            sync.durability = Durability("replicas", 2, 1.0)
             with pytest.raises(TransientError, match="only 1 of 2 replicas"):
                 await asyncio.to_thread(sync.publish, evs[0])
         finally:
             sync.close()
         admin = AdminPublisher(client, Keys(fleet_name), wait_replicas=1, policy=policy)
         await admin.publish(WorkerJoined(at=1.0, worker="w"))
-        await wait_replicated(client, Keys(fleet_name).shard_state(3, "wait"), 1, 1.0)
+        await make_durable(client, Keys(fleet_name).shard_state(3, "wait"), Durability("replicas", 1, 1.0))
         with pytest.raises(TransientError, match="only 1 of 2"):
-            await wait_replicated(client, Keys(fleet_name).shard_state(3, "wait"), 2, 0.1)
+            await make_durable(
+                client, Keys(fleet_name).shard_state(3, "wait"), Durability("replicas", 2, 0.1)
+            )
     finally:
         await client.aclose()
 
 
 async def test_a_server_without_replicas_fails_wait_as_transient(redis_url: str, fleet_name: str) -> None:
+    # A publisher's first publish checks the level (a ConfigError, see tests/integration/
+    # test_durability.py); a wait that falls short after that is transient.
     client = connect(RedisSettings(url=redis_url))
     try:
-        pub = AsyncPublisher(
-            client,
-            fleet_name,
-            4,
-            wait_replicas=1,
-            wait_timeout=0.05,
-            policy=RetryPolicy(attempts=2).no_wait(),
-        )
         with pytest.raises(TransientError, match="only 0 of 1 replicas"):
-            await pub.publish(JobStarted(job="j", datasets=["d"], timeout_s=60, started_at=1.0))
+            await make_durable(
+                client, Keys(fleet_name).shard_state(0, "wait"), Durability("replicas", 1, 0.05)
+            )
     finally:
         await client.aclose()
 

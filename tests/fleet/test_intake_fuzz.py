@@ -2,12 +2,14 @@
 
 Thousands of entries (arbitrary bytes, valid messages mutated: flipped bytes,
 invalid UTF-8 inside strings, deleted fields, swapped types, huge numbers,
-escapes, duplicate keys, deep nesting, other field names; signed and
-unsigned) go onto one shard's stream, then a valid job. Every entry must end
-accepted or dead-lettered with a reason (nothing left pending), every entry
-the contract rejects by itself must be dead-lettered with the reason the
-decoder gives, no entry may need the ``internal`` safety net, the worker stays
-alive, and the valid job commits after the batch.
+escapes, duplicate keys, deep nesting, other field names, a field name
+repeated; signed and unsigned) go onto one shard's stream, then a valid job.
+Every entry must end accepted or dead-lettered with a reason (nothing left
+pending), every entry the contract rejects by itself must be dead-lettered
+with the reason the decoder gives (``schema`` naming the field for a repeated
+name, the dead letter keeping every field as sent), no entry may need the
+``internal`` safety net, the worker stays alive, and the valid job commits
+after the batch.
 """
 
 from __future__ import annotations
@@ -20,12 +22,13 @@ from typing import Any
 import pytest
 import redis.asyncio
 
-from shared.events import InvalidMessage, MessageRejected, ValidationLimits, decode_entry
+from shared.events import InvalidMessage, MessageRejected, RepeatedFields, ValidationLimits, decode_entry
 from shared.queue import DEFAULT_GROUP, id_key
+from shared.queue._dead_letters import MAX_COPIED_FIELDS
 from tests._support.fleet import InProcessFleet, fleet_settings, inprocess_fleet
 from tests._support.fleet_checks import admin_events, committed
 from tests._support.fleet_jobs import good_job
-from tests._support.intake_mutations import hostile_entry
+from tests._support.intake_mutations import hostile_entry, repeated_names
 from tests._support.routing import dataset_on, datasets_on
 from tests._support.wait import wait_for
 
@@ -69,8 +72,8 @@ async def _fuzz(
         stream = fleet.keys.events(SHARD)
         started = time.monotonic()
         async with fleet.redis.pipeline(transaction=False) as pipe:
-            for fields in entries:
-                pipe.xadd(stream, fields)  # type: ignore[arg-type]
+            for pairs in entries:  # XADD as sent: a field name may repeat
+                pipe.execute_command("XADD", stream, "*", *(x for pair in pairs for x in pair))
             ids: list[bytes] = await pipe.execute()
         await fleet.publisher.publish_many(await good_job(fleet.store, "after-fuzz", [final_ds], tasks=2))
         await wait_for(
@@ -92,12 +95,22 @@ async def _fuzz(
         assert all(d.detail for d in dead)
         # Every entry the contract rejects on its own is dead-lettered with the decoder's reason.
         limits = ValidationLimits.from_settings(fleet.settings.security)
-        for entry_id, fields in zip(ids, entries, strict=True):
-            expected = _rejected_as(fields, limits)
+        repeats = 0
+        for entry_id, pairs in zip(ids, entries, strict=True):
+            expected = _rejected_as(pairs, limits)
             if expected is not None:
                 got = by_id.get(entry_id)
                 assert got is not None, f"{entry_id!r} ({expected}) was accepted"
                 assert got.reason == expected, (got.reason, expected, got.detail)
+            repeated = repeated_names(pairs)
+            if repeated:  # named in the detail, every field kept as sent
+                repeats += 1
+                assert got is not None
+                assert all(repr(n.decode("utf-8", "replace")) in got.detail for n in repeated), got.detail
+                if len(pairs) <= MAX_COPIED_FIELDS:  # else cut at that many fields (``truncated``)
+                    assert isinstance(got.fields, RepeatedFields), got.fields
+                    assert sorted(got.fields.pairs) == sorted(pairs)
+        assert repeats > n // 50, repeats  # the fuzzer repeated field names
         assert fleet.worker_alive() and SHARD in fleet.worker.running_shards
 
         async def every_rejection_announced() -> bool:
@@ -106,14 +119,16 @@ async def _fuzz(
 
         await wait_for(every_rejection_announced, timeout=30, what="one message_rejected per dead letter")
         print(
-            f"\nfuzz: {n} entries ({'signed' if signed else 'unsigned'}), {len(dead)} dead-lettered,"
-            f" {len(accepted)} accepted, {elapsed:.1f}s"
+            f"\nfuzz: {n} entries ({'signed' if signed else 'unsigned'}), {len(dead)} dead-lettered"
+            f" ({repeats} repeating a field name), {len(accepted)} accepted, {elapsed:.1f}s"
         )
 
 
-def _rejected_as(fields: dict[bytes, bytes], limits: ValidationLimits) -> str | None:
+def _rejected_as(pairs: list[tuple[bytes, bytes]], limits: ValidationLimits) -> str | None:
+    if repeated_names(pairs):
+        return "schema"  # whatever the values: which one counts is ambiguous
     try:
-        decode_entry(fields, limits=limits)
+        decode_entry(dict(pairs), limits=limits)
     except InvalidMessage as exc:
         return exc.reason
     return None

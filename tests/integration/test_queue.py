@@ -33,6 +33,7 @@ from shared.queue import (
     connect,
     count_dead_letters,
     ensure_fleet,
+    keep_repeated_fields,
     read_dead_letters,
     read_fleet_meta,
     shard_of,
@@ -293,7 +294,7 @@ print(len(pub.publish_many([])))
     assert out.returncode == 0, out.stderr
     import redis as sync_redis
 
-    client = sync_redis.Redis.from_url(redis_url)
+    client = keep_repeated_fields(sync_redis.Redis.from_url(redis_url))
     try:
         keys = Keys(fleet_name)
         got: list[tuple[int, QueueEvent]] = []

@@ -1,7 +1,8 @@
 """The decoder is total: whatever the bytes of an entry, it returns an event or raises InvalidMessage.
 
-Also: the dead-letter copy of any entry is well formed (bytes only, bounded),
-and every reject reason a detail can carry is one line of valid UTF-8.
+Also: the dead-letter copy of any entry is well formed (bytes only, bounded)
+and keeps every field as sent (a repeated name included), and every reject
+reason a detail can carry is one line of valid UTF-8.
 """
 
 from __future__ import annotations
@@ -16,15 +17,16 @@ from shared.events import (
     REJECT_REASONS,
     InvalidMessage,
     QueueEvent,
+    RepeatedFields,
     ValidationLimits,
     decode_admin,
     decode_entry,
     encode_event,
     sign,
 )
-from shared.queue import Entry
-from shared.queue._dead_letters import MAX_COPIED_FIELDS, dead_letter_fields
-from tests._support.intake_mutations import BAD_UTF8, MUTATIONS, hostile_entry
+from shared.queue import Entry, fields_of
+from shared.queue._dead_letters import MAX_COPIED_FIELDS, ORIG_PREFIX, dead_letter_fields, parse_dead_letter
+from tests._support.intake_mutations import BAD_UTF8, MUTATIONS, hostile_entry, repeated_names
 
 SECRET = b"s3cret"
 DATASETS = ["d1", "d2", "sales"]
@@ -47,15 +49,27 @@ def test_any_mutated_entry_decodes_or_is_rejected(seed: int, signed: bool) -> No
     rng = random.Random(seed)
     secret = SECRET if signed else None
     limits = ValidationLimits(secret=secret, max_message_bytes=1 << 20)
-    _kind, fields = hostile_entry(rng, DATASETS, "other", secret)
+    _kind, pairs = hostile_entry(rng, DATASETS, "other", secret)
+    fields = fields_of([x for pair in pairs for x in pair])  # as every reader of entries builds them
     out = _outcome(fields, limits)
-    if not isinstance(out, InvalidMessage):
+    repeated = repeated_names(pairs)
+    if repeated:
+        assert isinstance(fields, RepeatedFields) and not fields, fields
+        assert isinstance(out, InvalidMessage) and out.reason == "schema", out
+        assert all(repr(n.decode("utf-8", "replace")) in out.detail for n in repeated), out.detail
+    elif not isinstance(out, InvalidMessage):
         # What is accepted survives a round trip unchanged.
         assert decode_entry({b"data": encode_event(out)}, limits=ValidationLimits()) == out
     dl = dead_letter_fields(
         Entry(b"1-1", fields), shard=3, reason="internal", detail="x\ud800", consumer="w", now_ms=1
     )
-    assert all(isinstance(k, bytes) and isinstance(v, bytes) for k, v in dl.items())
+    assert all(isinstance(k, bytes) and isinstance(v, bytes) for k, v in dl)
+    if len(pairs) <= MAX_COPIED_FIELDS:  # nothing lost: every field as sent, repeats included
+        copied = [(k[len(ORIG_PREFIX) :], v) for k, v in dl if k.startswith(ORIG_PREFIX)]
+        assert sorted(copied) == sorted(pairs)
+        back = parse_dead_letter(3, Entry(b"9-0", fields_of([x for pair in dl for x in pair]))).fields
+        assert sorted(back.pairs if isinstance(back, RepeatedFields) else back.items()) == sorted(pairs)
+        assert isinstance(back, RepeatedFields) == bool(repeated)
 
 
 @settings(max_examples=2000, deadline=None)
@@ -128,14 +142,16 @@ def test_duplicate_json_keys_last_wins_but_type_cannot_change() -> None:
 def test_dead_letter_copy_is_bounded_in_fields_and_bytes() -> None:
     fields = {f"f{i}".encode(): b"v" * 100 for i in range(10_000)}
     fields[b"data"] = b"x" * 5000
-    dl = dead_letter_fields(
-        Entry(b"1-1", fields),
-        shard=0,
-        reason="schema",
-        detail="d",
-        consumer="w",
-        now_ms=1,
-        max_copy_bytes=1000,
+    dl = dict(
+        dead_letter_fields(
+            Entry(b"1-1", fields),
+            shard=0,
+            reason="schema",
+            detail="d",
+            consumer="w",
+            now_ms=1,
+            max_copy_bytes=1000,
+        )
     )
     copied = [k for k in dl if k.startswith(b"orig.")]
     assert len(copied) == MAX_COPIED_FIELDS
@@ -148,3 +164,11 @@ def test_every_mutation_kind_is_exercised() -> None:
     rng = random.Random(7)
     kinds = {hostile_entry(rng, DATASETS, "other", None)[0] for _ in range(2000)}
     assert kinds == set(MUTATIONS)
+
+
+def test_every_kind_of_repeated_field_name_is_exercised() -> None:
+    rng = random.Random(7)
+    names: set[bytes] = set()
+    for _ in range(2000):
+        names |= repeated_names(hostile_entry(rng, DATASETS, "other", SECRET)[1])
+    assert {b"data", b"sig"} < names, names  # and a field nobody reads

@@ -183,7 +183,7 @@ def test_dead_letter_fields_round_trip_and_cannot_be_forged() -> None:
     fields = dead_letter_fields(
         entry, shard=3, reason="bad_json", detail="d" * 5000, consumer="w1", now_ms=7, max_copy_bytes=10
     )
-    dl = parse_dead_letter(3, Entry(b"9-0", fields))
+    dl = parse_dead_letter(3, Entry(b"9-0", dict(fields)))
     assert dl.reason == "bad_json"
     assert dl.stream_id == b"5-1"
     assert dl.shard == 3
