@@ -1,5 +1,5 @@
 # The two commands of the README: `make demo` and `make test`.
-.PHONY: demo test lint typecheck check stress chaos streaming bench bootstrap schema spark-cluster redis-cluster
+.PHONY: demo test lint typecheck check stress chaos streaming bench bootstrap schema spark-cluster redis-cluster redis-ha
 
 VENV := .venv/bin
 
@@ -37,6 +37,11 @@ spark-cluster: bootstrap
 # The multi-process fleet, a master failover and the Spark e2e test on a local 3+3 Redis Cluster.
 redis-cluster: bootstrap
 	$(VENV)/pytest -q -m redis_cluster
+
+# Real Sentinel failovers (a master, 2 replicas, 3 Sentinels): SIGKILL and SIGSTOP of the master under
+# a committing fleet and a Spark job, with wait_replicas 1 and 0.
+redis-ha: bootstrap
+	$(VENV)/pytest -q -m ha
 
 bench: bootstrap
 	$(VENV)/commitfleet bench

@@ -37,7 +37,8 @@ def _cluster_kwargs(
         raise ConfigError(f"bad redis.url: {exc}") from None
     kwargs: dict[str, Any] = {
         "username": url.username,
-        "password": url.password,
+        # The settings moved a URL's password into settings.password: the URL no longer holds it.
+        "password": settings.password.reveal() or url.password or None,
         "decode_responses": False,
         "socket_timeout": settings.socket_timeout,
         "socket_connect_timeout": settings.socket_timeout,

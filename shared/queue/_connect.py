@@ -12,6 +12,10 @@ gives a redis-py ``RedisCluster`` client (see :mod:`._cluster`). It is typed
 as the plain client: it offers the same commands, pipelines, transactions
 (one slot, see Keys) and scripts, and callers need not know which they hold.
 
+``redis+sentinel://host:port[,host:port...]/SERVICE[/db]`` (``rediss+sentinel://``
+with TLS) gives a client of the master that the Sentinels name, found again
+after a failover (see :mod:`._sentinel`).
+
 redis-py's own retry loop is switched off: retries happen in one place, our
 :class:`~shared._retry.RetryPolicy`, where callers can see them (a consumer
 must know that a read was lost, see ShardConsumer).
@@ -31,8 +35,9 @@ import redis.retry
 
 from .._errors import ConfigError, NotFound, Throttled, TransientError
 from .._redis_py import is_redis_failure
-from ..settings import RedisSettings, is_cluster_url
+from ..settings import RedisSettings, is_cluster_url, is_sentinel_url
 from ._cluster import connect_cluster, connect_cluster_sync
+from ._sentinel import connect_sentinel, connect_sentinel_sync
 from ._stream_replies import keep_repeated_fields
 
 # A pooled connection idle longer than this is PINGed before use, so a Redis
@@ -52,6 +57,10 @@ def connect(settings: RedisSettings, *, client_name: str | None = None) -> redis
     if is_cluster_url(settings.url):
         return keep_repeated_fields(
             connect_cluster(settings, client_name=client_name, health_check_interval=HEALTH_CHECK_INTERVAL)
+        )
+    if is_sentinel_url(settings.url):
+        return keep_repeated_fields(
+            connect_sentinel(settings, client_name=client_name, health_check_interval=HEALTH_CHECK_INTERVAL)
         )
     try:
         client = redis.asyncio.Redis.from_url(
@@ -88,6 +97,12 @@ def connect_sync(settings: RedisSettings, *, client_name: str | None = None) -> 
             return connect_cluster_sync(
                 settings, client_name=client_name, health_check_interval=HEALTH_CHECK_INTERVAL
             )
+    if is_sentinel_url(settings.url):
+        return keep_repeated_fields(
+            connect_sentinel_sync(
+                settings, client_name=client_name, health_check_interval=HEALTH_CHECK_INTERVAL
+            )
+        )
     try:
         client = redis.Redis.from_url(
             settings.url,
@@ -122,7 +137,8 @@ def redis_errors(what: str) -> Iterator[None]:
     - authentication / ACL failures (wrong password, NOPERM) -> ConfigError
     - connection errors, timeouts, LOADING, TRYAGAIN, CLUSTERDOWN, MOVED / ASK
       left over after redis-py's redirects, a slot not covered, a cluster not
-      reachable, READONLY (failover in progress), MISCONF, redis-py tripping
+      reachable, READONLY (failover in progress), no master known to the
+      Sentinels (an election), NOREPLICAS, MISCONF, redis-py tripping
       over a connection closed under it or over its cluster slot map
       (an AttributeError or LookupError raised inside redis-py) -> TransientError
     - OOM -> Throttled
@@ -180,7 +196,7 @@ def redis_errors(what: str) -> Iterator[None]:
             if "no longer exists" in text:
                 raise NotFound(f"{what}: {text}") from exc
             raise TransientError(f"redis ended a blocked {what}: {text}") from exc
-        if text.startswith(("MISCONF", "LOADING", "MASTERDOWN")):
+        if text.startswith(("MISCONF", "LOADING", "MASTERDOWN", "NOREPLICAS")):
             raise TransientError(f"redis cannot serve {what} now: {text}") from exc
         if text.startswith("WRONGTYPE"):
             raise ConfigError(f"{what}: a key has the wrong type (another program uses it?): {text}") from exc

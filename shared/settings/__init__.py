@@ -8,7 +8,16 @@ password written in a Redis URL is moved out of it (:func:`split_redis_url`).
 
 from ._durability import LEVELS, MEMORY, Durability, DurabilityLevel, resolve_durability
 from ._load import load_settings
-from ._redis_url import ClusterUrl, is_cluster_url, masked_url, parse_cluster_url, split_redis_url
+from ._redis_url import (
+    ClusterUrl,
+    SentinelUrl,
+    is_cluster_url,
+    is_sentinel_url,
+    masked_url,
+    parse_cluster_url,
+    parse_sentinel_url,
+    split_redis_url,
+)
 from ._secret import MASK, Secret, coerce_secret, secret_dec_hook, secret_enc_hook
 from ._sections import (
     AdminSettings,
@@ -48,6 +57,7 @@ __all__ = [
     "RetrySettings",
     "Secret",
     "SecuritySettings",
+    "SentinelUrl",
     "Settings",
     "StoreSettings",
     "TableBindingSettings",
@@ -56,10 +66,12 @@ __all__ = [
     "WorkerSettings",
     "coerce_secret",
     "is_cluster_url",
+    "is_sentinel_url",
     "is_loopback_host",
     "load_settings",
     "masked_url",
     "parse_cluster_url",
+    "parse_sentinel_url",
     "resolve_durability",
     "secret_dec_hook",
     "secret_enc_hook",

@@ -1,4 +1,4 @@
-"""Redis URLs: the password kept out of them, and the Redis Cluster URL form (pure: no I/O, no redis import).
+"""Redis URLs: the password kept out of them, the Cluster and Sentinel URL forms (pure: no I/O, no redis).
 
 :func:`split_redis_url` moves a password out of a ``redis://`` URL (from
 ``user:password@``, or a ``password=`` query option) so the URL that remains
@@ -10,6 +10,14 @@ password itself is never parsed, so any character works in it (``#``, ``/``,
 names the seed nodes of a Redis Cluster; ``rediss+cluster://`` is the same
 over TLS. Any reachable seed is enough: the client learns the rest of the
 cluster from it. A cluster has only database 0.
+
+``redis+sentinel://[user:password@]host[:port][,host[:port]...]/SERVICE[/db][?...]``
+names the Sentinels watching the master group ``SERVICE`` (port 26379 when
+left out); ``rediss+sentinel://`` speaks TLS to the Sentinels and to the
+master. The credentials authenticate to the master (and so to the replica
+that replaces it); the Sentinels are asked without credentials unless
+``?sentinel_auth=same`` says to send them the same ones. Cluster and
+Sentinel do not combine: a Redis Cluster fails over by itself.
 """
 
 from __future__ import annotations
@@ -21,12 +29,21 @@ from urllib.parse import parse_qsl, quote, unquote, urlencode
 from ._secret import MASK
 
 CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
+SENTINEL_SCHEMES = ("redis+sentinel://", "rediss+sentinel://")
+SENTINEL_PORT = 26379
 
 # Query options passed through to redis-py (TLS only; everything else is a setting).
 _TLS_OPTIONS = frozenset(
     {"ssl_ca_certs", "ssl_cert_reqs", "ssl_certfile", "ssl_keyfile", "ssl_check_hostname"}
 )
 _HOST_RE = re.compile(r"^(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9_.-]+)):(?P<port>[0-9]{1,5})$")
+_SENTINEL_HOST_RE = re.compile(
+    r"^(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9_.-]+))(?::(?P<port>[0-9]{1,5}))?$"
+)
+# A Sentinel master group's name: what `sentinel monitor <name> ...` accepts in practice.
+_SERVICE_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+# How the Sentinels are authenticated: not at all (redis-py's default), or with the URL's credentials.
+SENTINEL_AUTH = ("none", "same")
 
 
 def split_redis_url(url: str) -> tuple[str, str | None]:
@@ -140,11 +157,126 @@ def parse_cluster_url(url: str) -> ClusterUrl:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class SentinelUrl:
+    """The parts of a Sentinel URL: the Sentinels, the master group, db, TLS, credentials, options."""
+
+    sentinels: tuple[tuple[str, int], ...]
+    service: str
+    db: int
+    tls: bool
+    username: str | None
+    password: str | None
+    sentinel_auth: bool
+    """Send ``username`` / ``password`` to the Sentinels too (``?sentinel_auth=same``)."""
+    options: tuple[tuple[str, str], ...]
+    """TLS options (``ssl_*``), for the Sentinels and the master alike."""
+
+
+def is_sentinel_url(url: str) -> bool:
+    """Return True when ``url`` uses a Sentinel scheme."""
+    return url.startswith(SENTINEL_SCHEMES)
+
+
+def _refuse_cluster_and_sentinel(url: str) -> None:
+    scheme = url.partition("://")[0].lower()
+    if "cluster" in scheme and "sentinel" in scheme:
+        raise ValueError(
+            "Redis Cluster and Sentinel do not combine (a cluster fails over by itself): "
+            "use redis+cluster:// for a cluster or redis+sentinel:// for a Sentinel-managed master"
+        )
+
+
+def parse_sentinel_url(url: str) -> SentinelUrl:
+    """Return the parts of a ``redis+sentinel://`` / ``rediss+sentinel://`` URL.
+
+    Raises:
+        ValueError: not a Sentinel URL, no Sentinel, a bad host or port, no
+            service name or a bad one, a database that is not a number, an
+            unknown query option (the message never repeats the password).
+    """
+    _refuse_cluster_and_sentinel(url)
+    if not is_sentinel_url(url):
+        raise ValueError("a sentinel url starts with redis+sentinel:// or rediss+sentinel://")
+    scheme, _, rest = url.partition("://")
+    rest, _, query = rest.partition("?")
+    creds, _, rest = rest.rpartition("@")
+    netloc, _, path = rest.partition("/")
+    username: str | None = None
+    password: str | None = None
+    if creds:
+        user, has_pw, pw = creds.partition(":")
+        username = unquote(user) or None
+        password = unquote(pw) if has_pw else None
+    sentinels: list[tuple[str, int]] = []
+    for part in netloc.split(","):
+        m = _SENTINEL_HOST_RE.match(part.strip())
+        if m is None:
+            raise ValueError(f"bad sentinel {part.strip()!r}: use host[:port][,host[:port]...]/SERVICE")
+        port = int(m["port"]) if m["port"] else SENTINEL_PORT
+        if not 0 < port < 65536:
+            raise ValueError(f"bad port in sentinel {part.strip()!r}")
+        sentinels.append((m["v6"] or m["host"], port))
+    service, _, db_text = unquote(path).partition("/")
+    if not service:
+        raise ValueError(
+            "a sentinel url names the master group after the hosts: redis+sentinel://h:26379/SERVICE"
+        )
+    if _SERVICE_RE.match(service) is None:
+        raise ValueError(f"bad sentinel service name {service!r}: letters, digits, '_', '.', ':', '-'")
+    if db_text and not (db_text.isdigit() and int(db_text) < 1_000_000):
+        raise ValueError(f"bad database {db_text!r} in the sentinel url: a number (/SERVICE/db)")
+    pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=False)
+    auth = [v for k, v in pairs if k == "sentinel_auth"]
+    if auth and auth[-1] not in SENTINEL_AUTH:
+        raise ValueError(f"sentinel_auth must be one of {list(SENTINEL_AUTH)}, got {auth[-1]!r}")
+    options = tuple((k, v) for k, v in pairs if k != "sentinel_auth")
+    unknown = sorted({k for k, _ in options} - _TLS_OPTIONS)
+    if unknown:
+        raise ValueError(
+            f"unknown sentinel url option(s) {unknown}: only sentinel_auth and {sorted(_TLS_OPTIONS)}"
+        )
+    return SentinelUrl(
+        sentinels=tuple(sentinels),
+        service=service,
+        db=int(db_text or 0),
+        tls=scheme == "rediss+sentinel",
+        username=username,
+        password=password,
+        sentinel_auth=bool(auth) and auth[-1] == "same",
+        options=options,
+    )
+
+
+def check_redis_url(url: str) -> None:
+    """Check that ``url`` (its password already moved out) is a Redis URL commitfleet can use.
+
+    Raises:
+        ValueError: one line saying what is wrong (never repeating a password).
+    """
+    _refuse_cluster_and_sentinel(url)
+    if is_cluster_url(url):
+        parse_cluster_url(url)
+    elif is_sentinel_url(url):
+        parse_sentinel_url(url)
+    elif not url.startswith(("redis://", "rediss://", "unix://")):
+        raise ValueError(
+            "redis.url must start with redis://, rediss://, unix://, redis+cluster://, rediss+cluster://, "
+            "redis+sentinel:// or rediss+sentinel://"
+        )
+
+
 __all__ = [
     "CLUSTER_SCHEMES",
+    "SENTINEL_PORT",
+    "SENTINEL_SCHEMES",
     "ClusterUrl",
+    "SentinelUrl",
+    "check_redis_url",
     "is_cluster_url",
+    "is_sentinel_url",
     "masked_url",
     "parse_cluster_url",
+    "parse_sentinel_url",
     "split_redis_url",
 ]

@@ -22,7 +22,7 @@ from typing import Literal
 import msgspec
 
 from ._durability import Durability, resolve_durability
-from ._redis_url import is_cluster_url, parse_cluster_url, split_redis_url
+from ._redis_url import check_redis_url, split_redis_url
 from ._secret import Secret, coerce_secret
 
 TableMode = Literal["append", "create", "overwrite"]
@@ -51,7 +51,8 @@ class FleetSettings(_Section, frozen=True):
 
 
 class RedisSettings(_Section, frozen=True):
-    """Redis connection (redis://, rediss:// with TLS, an ACL user name in the URL).
+    """Redis connection (redis://, rediss:// with TLS, an ACL user name in the URL; a Redis Cluster or
+    a Sentinel-managed master: see :mod:`shared.settings._redis_url`).
 
     The password goes in ``password`` (any characters, no escaping) or in the
     URL (``redis://user:password@host``, percent-encoded as URLs require); a
@@ -64,7 +65,8 @@ class RedisSettings(_Section, frozen=True):
     socket_timeout: float = 10.0
 
     # -- Durability (docs/queue.md "Durability") and Redis Cluster ("Redis Cluster") ---------
-    # redis+cluster://host:port[,host:port...] (rediss+cluster:// with TLS) selects a cluster.
+    # redis+cluster://host:port[,host:port...] (rediss+cluster:// with TLS) selects a cluster,
+    # redis+sentinel://host:port[,host:port...]/SERVICE[/db] a master found through Sentinel.
     # durability: "memory", "replicas" (WAIT), "aof" (WAITAOF 1 0, Redis 7.2+) or "aof+replicas"
     # (WAITAOF 1 n): what the fleet's durable writes wait for after Redis acknowledged them.
     # "" (not set): "memory", or "replicas" when wait_replicas > 0 (the older setting, an alias).
@@ -83,12 +85,7 @@ class RedisSettings(_Section, frozen=True):
                 raise ValueError("redis.url holds a password and redis.password is set too: give one")
             msgspec.structs.force_setattr(self, "password", Secret(in_url))
         msgspec.structs.force_setattr(self, "url", clean)
-        if is_cluster_url(self.url):
-            parse_cluster_url(self.url)  # raises ValueError with a one-line reason
-        elif not self.url.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError(
-                "redis.url must start with redis://, rediss://, unix://, redis+cluster:// or rediss+cluster://"
-            )
+        check_redis_url(self.url)  # raises ValueError with a one-line reason
         resolve_durability(self.durability, self.wait_replicas, self.wait_timeout)  # one-line ValueError
 
     @property

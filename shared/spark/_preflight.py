@@ -126,7 +126,8 @@ def _check_redis(config: ProducerConfig) -> list[str]:
         return [_line(where, exc)]
     try:
         client.ping()
-    except (redis.RedisError, redis.exceptions.RedisClusterException, OSError) as exc:
+    # A Sentinel URL's client raises ConfigError when no Sentinel knows the service.
+    except (redis.RedisError, redis.exceptions.RedisClusterException, OSError, CommitfleetError) as exc:
         return [_line(where, exc)]
     finally:
         client.close()

@@ -150,6 +150,14 @@ class RedisServer:
         self.stop()
         self.start()
 
+    def freeze(self) -> None:
+        """SIGSTOP the server: its sockets stay open and nothing answers (``thaw`` resumes it)."""
+        self._signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        """SIGCONT a frozen server (nothing happens to one that is not)."""
+        self._signal(signal.SIGCONT)
+
 
 @dataclass
 class ContainerRedis:

@@ -7,7 +7,7 @@ import io
 
 import pytest
 
-from tests.bench.streaming_overhead import PHASES, Options, parse, run
+from tests._support.streaming_bench import PHASES, Options, parse, run
 
 
 @pytest.mark.spark

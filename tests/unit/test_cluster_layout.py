@@ -6,8 +6,8 @@ import pytest
 from redis.crc import key_slot
 
 from shared import ConfigError, load_settings
-from shared.queue import Keys
-from shared.settings import parse_cluster_url
+from shared.queue import Keys, connect
+from shared.settings import RedisSettings, parse_cluster_url
 
 
 def test_every_fleet_wide_key_shares_the_admin_stream_slot() -> None:
@@ -76,6 +76,17 @@ def test_a_wrong_redis_url_stops_the_settings_with_one_line(url: str, why: str) 
     with pytest.raises(ConfigError, match=why) as err:
         load_settings(env={}, overrides={"redis": {"url": url}})
     assert "\n" not in str(err.value)
+
+
+def test_a_cluster_password_reaches_the_cluster_client() -> None:
+    """The settings move a URL's password into redis.password: the client must still get it."""
+    for settings in (
+        RedisSettings(url="redis+cluster://u:pw%23@h:1,h:2"),
+        RedisSettings(url="redis+cluster://u@h:1", password="pw#"),
+    ):
+        client = connect(settings)  # no I/O: never connected, nothing to close
+        kwargs = client.nodes_manager.connection_kwargs  # type: ignore[attr-defined]
+        assert (kwargs["username"], kwargs["password"]) == ("u", "pw#")
 
 
 def test_wait_settings_are_checked() -> None:
