@@ -33,9 +33,11 @@ log = logging.getLogger(__name__)
 POLL_MIN_S = 0.05
 POLL_MAX_S = 0.5
 # A streaming batch's driver waits in short polls: the batch's latency is the
-# query's, and one read per 10-50 ms of one driver is nothing to Redis.
-STREAM_POLL_MIN_S = 0.01
-STREAM_POLL_MAX_S = 0.05
+# query's. At 10 -> 50 ms the poll added 20-31 ms p50 (50 ms p99) to every batch
+# (tests/bench/streaming_overhead.py); at 2 -> 5 ms, 3-4 ms, for at most 200
+# pipelined reads a second of one driver while it waits.
+STREAM_POLL_MIN_S = 0.002
+STREAM_POLL_MAX_S = 0.005
 
 
 class JobNotCommitted(CommitfleetError):
