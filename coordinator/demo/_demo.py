@@ -43,6 +43,7 @@ from shared.settings import masked_url
 from shared.storage import open_store
 
 from ._launcher import FleetProcess, ThrowawayRedis, write_config
+from ._spark_log import quiet_spark_conf
 from ._streaming import streaming_runs, verify_stream
 
 DATASETS = ("orders", "customers", "clicks")
@@ -50,20 +51,6 @@ FAILED_DATASET = "refunds"
 PARTITIONS = 4
 ROWS = 4000
 TABLE = "demo.orders"  # 'orders' is bound to this Iceberg table (created by its first commit)
-
-# Spark's log for the demo: errors only, one line each. With Spark's default
-# profile the injected task failure prints two full Java + Python stack traces;
-# a real failure still shows in full as the driver's exception.
-_LOG4J2 = """\
-rootLogger.level = error
-rootLogger.appenderRef.console.ref = console
-appender.console.type = Console
-appender.console.name = console
-appender.console.target = SYSTEM_ERR
-appender.console.layout.type = PatternLayout
-appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n
-appender.console.layout.alwaysWriteExceptions = false
-"""
 
 
 def _settings(redis_url: str, root: Path) -> Settings:
@@ -144,10 +131,7 @@ def _spark_jobs(settings: Settings, console: Console, tmp: Path) -> tuple[str, s
     config = ProducerConfig.from_settings(settings, app="demo")
     console.rule("[bold]Spark")
     console.print("starting a local Spark session (local[2,2]: task retries on) ...")
-    log_conf = tmp / "log4j2.properties"
-    log_conf.write_text(_LOG4J2)
-    # defaultJavaOptions, not extraJavaOptions: the session's own JVM options stay.
-    quiet = {"spark.driver.defaultJavaOptions": f"-Dlog4j2.configurationFile={log_conf.as_uri()}"}
+    quiet = quiet_spark_conf(tmp)
     spark = local_spark_session("commitfleet-demo", master="local[2,2]", extra_conf=quiet, tmp_dir=tmp)
     try:
         df = spark.range(0, ROWS, numPartitions=PARTITIONS).withColumn("amount", (F.col("id") % 97) * 1.5)

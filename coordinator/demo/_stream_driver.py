@@ -29,16 +29,6 @@ if TYPE_CHECKING:
 APP_ID = "demo-stream"
 DATASET = "events"
 TABLE = "demo.events"
-_LOG4J2 = """\
-rootLogger.level = error
-rootLogger.appenderRef.console.ref = console
-appender.console.type = Console
-appender.console.name = console
-appender.console.target = SYSTEM_ERR
-appender.console.layout.type = PatternLayout
-appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n
-appender.console.layout.alwaysWriteExceptions = false
-"""
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -55,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run the query until the source is consumed; return 0 (or die by SIGKILL at ``--kill-at``)."""
     from shared import load_settings
     from shared.spark import ProducerConfig, commit_batches, local_spark_session, max_watermark
+
+    from ._spark_log import quiet_spark_conf
 
     args = _parse(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="  driver: %(message)s")
@@ -75,9 +67,7 @@ def main(argv: list[str] | None = None) -> int:
 
     tmp = args.tmp or Path(tempfile.mkdtemp(prefix="stream-driver-"))
     tmp.mkdir(parents=True, exist_ok=True)
-    log_conf = tmp / "log4j2.properties"
-    log_conf.write_text(_LOG4J2)
-    quiet = {"spark.driver.defaultJavaOptions": f"-Dlog4j2.configurationFile={log_conf.as_uri()}"}
+    quiet = quiet_spark_conf(tmp)
     spark = local_spark_session("commitfleet-stream-demo", master="local[2]", extra_conf=quiet, tmp_dir=tmp)
     committer = commit_batches(write, app_id=APP_ID, datasets=[DATASET], config=config, probe=probe)
     query = (

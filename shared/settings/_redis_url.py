@@ -46,6 +46,14 @@ _SERVICE_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 SENTINEL_AUTH = ("none", "same")
 
 
+def _credentials(creds: str) -> tuple[str | None, str | None]:
+    """Return (username, password) of a URL's ``user:password`` part, percent-decoded (None when absent)."""
+    if not creds:
+        return None, None
+    user, has_pw, pw = creds.partition(":")
+    return unquote(user) or None, (unquote(pw) if has_pw else None)
+
+
 def split_redis_url(url: str) -> tuple[str, str | None]:
     """Return ``(url without its password, the password or None)``.
 
@@ -129,12 +137,7 @@ def parse_cluster_url(url: str) -> ClusterUrl:
     if path not in ("", "0"):
         raise ValueError(f"a Redis Cluster has only database 0, the url names /{path}")
     creds, _, hosts = netloc.rpartition("@")
-    username: str | None = None
-    password: str | None = None
-    if creds:
-        user, has_pw, pw = creds.partition(":")
-        username = unquote(user) or None
-        password = unquote(pw) if has_pw else None
+    username, password = _credentials(creds)
     nodes: list[tuple[str, int]] = []
     for part in hosts.split(","):
         m = _HOST_RE.match(part.strip())
@@ -202,12 +205,7 @@ def parse_sentinel_url(url: str) -> SentinelUrl:
     rest, _, query = rest.partition("?")
     creds, _, rest = rest.rpartition("@")
     netloc, _, path = rest.partition("/")
-    username: str | None = None
-    password: str | None = None
-    if creds:
-        user, has_pw, pw = creds.partition(":")
-        username = unquote(user) or None
-        password = unquote(pw) if has_pw else None
+    username, password = _credentials(creds)
     sentinels: list[tuple[str, int]] = []
     for part in netloc.split(","):
         m = _SENTINEL_HOST_RE.match(part.strip())
