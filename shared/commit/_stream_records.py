@@ -79,8 +79,6 @@ async def reset_stream(
         removed.append(rest.pop(app_id))
         return values, rest
 
-    if (await read_watermarks_doc(store, dataset)) is None:
-        return None
     await swap_watermarks(store, dataset, change, clock, lambda: None)
     return removed[0] if removed else None
 

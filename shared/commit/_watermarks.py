@@ -275,8 +275,8 @@ async def swap_watermarks(
                 version = obj.info.version
                 _SEEN.put(url, key, (current[0], current[1], version))
         merged = change(current)
-        if version is not None and merged == current:
-            return False
+        if merged == current:
+            return False  # in place; or absent and nothing to add (an empty document is not written)
         body = _encoder.encode(
             WatermarksDoc(
                 dataset=dataset, values=merged[0], streams=merged[1], updated_at=clock(), nonce=nonce()

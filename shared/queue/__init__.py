@@ -55,6 +55,7 @@ from ._publisher import AsyncPublisher, SyncPublisher, plan_entries, retry_sync
 from ._routing import group_by_shard, shard_of, split_by_shard
 from ._stream_replies import keep_repeated_fields
 from ._stream_runs import (
+    RunState,
     StreamRun,
     delete_stream_run,
     read_stream_run,
@@ -128,6 +129,7 @@ __all__ = [
     "read_dead_letters",
     "read_fleet_meta",
     "redis_errors",
+    "RunState",
     "StreamRun",
     "delete_stream_run",
     "read_stream_run",

@@ -45,6 +45,7 @@ back) and the error stops the query; restarted, Spark runs the batch again.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -59,13 +60,15 @@ from ..events import JobCancelled, StreamBatch, manifest_key, staging_jobs_prefi
 from ..queue import (
     DatasetResult,
     Keys,
+    RunState,
     StreamRun,
     read_stream_run_sync,
     retry_sync,
     write_stream_run_sync,
 )
+from ..storage import ObjectStore
 from ._config import ProducerConfig
-from ._executor_runtime import process_runtime
+from ._executor_runtime import ExecutorRuntime, process_runtime
 from ._job import JobContext, commit_job
 from ._names import check_datasets
 from ._outcome import (
@@ -356,7 +359,13 @@ class BatchCommitter:
         )
 
     def _record(
-        self, config: ProducerConfig, job: str, batch: int, query: str, state: Any, datasets: Sequence[str]
+        self,
+        config: ProducerConfig,
+        job: str,
+        batch: int,
+        query: str,
+        state: RunState,
+        datasets: Sequence[str],
     ) -> None:
         pub = publisher_for(config)
         run = StreamRun(
@@ -364,16 +373,23 @@ class BatchCommitter:
         )
         retry_sync(lambda: write_stream_run_sync(pub.redis, Keys(config.fleet), self.app_id, run), pub.policy)
 
-    def _record_quietly(self, *args: Any) -> None:
+    def _record_quietly(
+        self,
+        config: ProducerConfig,
+        job: str,
+        batch: int,
+        query: str,
+        state: RunState,
+        datasets: Sequence[str],
+    ) -> None:
         try:
-            self._record(*args)
+            self._record(config, job, batch, query, state, datasets)
         except CommitfleetError as exc:  # never hide the batch's own error; the next run settles it
             log.warning("commitfleet: could not record the failed run of app %s: %s", self.app_id, exc)
 
     def _dead_runs(self, config: ProducerConfig, batch_id: int) -> dict[str, list[str]]:
         """Return the runs of ``batch_id`` whose staged files are in the store (job -> datasets)."""
-        runtime = process_runtime()
-        store = runtime.store(config.store_url, config.store)
+        runtime, store = _runtime_store(config)
         prefix = staging_jobs_prefix(stream_job_prefix(self.app_id, batch_id))
 
         async def listing() -> list[str]:
@@ -386,12 +402,9 @@ class BatchCommitter:
     ) -> dict[str, StreamRecord]:
         """Return the app's record per dataset as the store holds it now (read in parallel)."""
         names = list(self.datasets if datasets is None else datasets)
-        runtime = process_runtime()
-        store = runtime.store(config.store_url, config.store)
+        runtime, store = _runtime_store(config)
 
         async def read_all() -> dict[str, StreamRecord]:
-            import asyncio
-
             docs = await asyncio.gather(*(read_watermarks_doc(store, d) for d in names))
             return {
                 d: doc.streams[self.app_id]
@@ -407,13 +420,10 @@ class BatchCommitter:
         """Return each dataset's result in ``done``, from the manifest of the job that committed it."""
         if not done:
             return {}
-        runtime = process_runtime()
-        store = runtime.store(config.store_url, config.store)
+        runtime, store = _runtime_store(config)
         items = sorted(done.items())
 
         async def read_all() -> dict[str, DatasetResult]:
-            import asyncio
-
             async def manifest(d: str, job: str) -> Manifest | None:
                 return await read_manifest(store, d, job) if job else None
 
@@ -431,6 +441,12 @@ class BatchCommitter:
             return out
 
         return runtime.run(read_all())
+
+
+def _runtime_store(config: ProducerConfig) -> tuple[ExecutorRuntime, ObjectStore]:
+    """Return this process's runtime and its open store of ``config`` (how the driver reads the store)."""
+    runtime = process_runtime()
+    return runtime, runtime.store(config.store_url, config.store)
 
 
 def commit_batches(
