@@ -48,7 +48,8 @@ async def test_each_datasets_commit_order_is_the_job_order_after_kills(fleet: Fl
         await wait_for(
             lambda job=job: committed(fleet.store, DATASETS, job), timeout=150, interval=0.5, what=f"{job}"
         )
-    report(f"{len(JOBS)} jobs x {len(DATASETS)} shared datasets committed in {time.monotonic() - started:.1f}s")
+    took = time.monotonic() - started
+    report(f"{len(JOBS)} jobs x {len(DATASETS)} shared datasets committed in {took:.1f}s")
     await assert_exactly_once(fleet, {(ds, job) for ds in DATASETS for job in JOBS})
     out_of_order: dict[str, list[str]] = {}
     for ds in DATASETS:

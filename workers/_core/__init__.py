@@ -18,6 +18,8 @@ from __future__ import annotations
 from ._decide import all_tasks_in, decide
 from ._jobstate import (
     COMMIT_OWNED,
+    PASSED,
+    READS,
     STATE_VERSION,
     TERMINAL,
     Attempt,
@@ -28,6 +30,7 @@ from ._jobstate import (
     ShardJobs,
     Status,
     attempt_field,
+    dataset_field,
 )
 from ._liveness import TimedOut, assume_alive, live_jobs, observe, timed_out
 from ._tally import TaskTally, count_in, satisfies
@@ -36,6 +39,8 @@ from ._work_queue import Queued, WorkQueue
 
 __all__ = [
     "COMMIT_OWNED",
+    "PASSED",
+    "READS",
     "STATE_VERSION",
     "TERMINAL",
     "Abort",
@@ -61,6 +66,7 @@ __all__ = [
     "assume_alive",
     "attempt_field",
     "count_in",
+    "dataset_field",
     "decide",
     "live_jobs",
     "observe",
