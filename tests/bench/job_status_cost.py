@@ -95,14 +95,21 @@ async def _measure(url: str, n: int, kind: str, budget: float) -> dict[str, Any]
         ledger = ShardLedger()
         ledger.begin(store)
         ledger.load(state)
-        started = time.perf_counter()
+        await r.config_resetstat()
+        started = mark = time.perf_counter()
         changed = 0
+        fifths: list[float] = []  # ms per change in each fifth of the job: flat when O(1)
         for name in names:
             await ledger.set_status("j", name, status)  # type: ignore[arg-type]
             changed += 1
+            if changed % (n // 5) == 0:
+                fifths.append(round((time.perf_counter() - mark) / (n // 5) * 1000, 3))
+                mark = time.perf_counter()
             if changed % 100 == 0 and time.perf_counter() - started > budget:
                 break
-        out["status"] = {"done": changed, "of": n, "s": time.perf_counter() - started}
+        out["status"] = {"done": changed, "of": n, "s": time.perf_counter() - started, "fifths": fifths}
+        stats = await r.info("commandstats")
+        out["redis_us_per_save"] = stats.get("cmdstat_evalsha", {}).get("usec_per_call")
         if changed == n:
             assert state.ended["j"].status == status, "the job ended with its last dataset"
     left = [keys.shard_state(0, k) for k in ("jobs", "datasets", "attempts")]
@@ -128,9 +135,10 @@ def _child(checkout: Path, url: str, n: int, kind: str, budget: float) -> dict[s
 def _shown(phase: dict[str, Any] | None) -> str:
     if phase is None:
         return "not reached"
+    fifths = f" (ms each, by fifths: {phase['fifths']})" if phase.get("fifths") else ""
     if phase["done"] == phase["of"]:
-        return f"{phase['s']:.2f} s"
-    return f"> {phase['s']:.0f} s ({phase['done']} of {phase['of']} in the budget)"
+        return f"{phase['s']:.2f} s{fifths}"
+    return f"> {phase['s']:.0f} s ({phase['done']} of {phase['of']} in the budget){fifths}"
 
 
 def main() -> None:
@@ -140,15 +148,22 @@ def main() -> None:
     parser.add_argument("--compare", type=Path, help="another checkout, measured alternately with this one")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--budget", type=float, default=120.0, help="seconds each phase may take at most")
+    parser.add_argument(
+        "--compare-budget", type=float, help="the same for the other checkout (default: --budget)"
+    )
     parser.add_argument("--child", nargs=4, metavar=("URL", "N", "KIND", "BUDGET"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
+        from workers import tune_gc
+
+        tune_gc()  # as a worker process does at start-up (workers/_heap.py)
         url, n, kind, budget = args.child
         print(json.dumps(asyncio.run(_measure(url, int(n), kind, float(budget)))))
         return
     from tests._support.redis_server import RedisServer
 
     here = Path(__file__).resolve().parents[2]
+    budgets = {"this": args.budget, "compare": args.compare_budget or args.budget}
     checkouts = [("this", here)] + ([("compare", args.compare.resolve())] if args.compare else [])
     with tempfile.TemporaryDirectory() as tmp:
         server = RedisServer(Path(tmp) / "redis")
@@ -159,10 +174,11 @@ def main() -> None:
                     for rnd in range(args.rounds):
                         order = checkouts if rnd % 2 == 0 else checkouts[::-1]
                         for label, path in order:
-                            res = _child(path, server.url, n, kind, args.budget)
+                            res = _child(path, server.url, n, kind, budgets[label])
                             print(
                                 f"{n:>7} datasets  {kind:<6}  {label:<7}  events {_shown(res['events'])}"
                                 f"  |  {n} status changes {_shown(res.get('status'))}"
+                                f"  |  Redis {res.get('redis_us_per_save')} us per save"
                                 f"  |  state keys left {res['state_keys_left']}",
                                 flush=True,
                             )
