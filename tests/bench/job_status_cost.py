@@ -82,7 +82,7 @@ async def _measure(url: str, n: int, kind: str, budget: float) -> dict[str, Any]
             if d.job is not None:
                 batch.jobs.add(d.job.job)
             if hasattr(batch, "datasets"):  # state v2: the datasets the event changed
-                batch.datasets.update((job, name) for name in getattr(d, "datasets", {}))
+                batch.datasets.update((job, name) for name in getattr(d, "datasets", None) or ())
             if d.attempt is not None:
                 ds, rec = d.attempt
                 batch.attempts[(job, ds, rec.task, rec.attempt)] = rec

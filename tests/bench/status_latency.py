@@ -105,7 +105,7 @@ class Owner:
                 self.state.apply(d)
                 if d.job is not None:
                     batch.jobs.add(d.job.job)
-                batch.datasets.update((d.job_id, name) for name in d.datasets)
+                batch.datasets.update((d.job_id, name) for name in d.datasets or ())
                 if d.attempt is not None:
                     ds, rec = d.attempt
                     batch.attempts[(d.job_id, ds, rec.task, rec.attempt)] = rec

@@ -134,7 +134,7 @@ async def _big_job(store: ShardStateStore, n: int) -> ShardLedger:
         state.apply(d)
         if d.job is not None:
             batch.jobs.add(d.job.job)
-        batch.datasets.update((d.job_id, name) for name in d.datasets)
+        batch.datasets.update((d.job_id, name) for name in d.datasets or ())
     await store.save(batch, state)
     ledger = ShardLedger()
     ledger.begin(store)

@@ -155,14 +155,14 @@ def test_a_decision_names_only_what_the_event_changes() -> None:
     names = [f"d{i}" for i in range(1000)]
     _run(s, JobStarted(job="j", datasets=names, timeout_s=60, started_at=0.0))
     (d,) = _run(s, _tf("j", "d7"))
-    assert d.job is None and d.datasets == {}
+    assert d.job is None and not d.datasets
     (d,) = _run(s, _tf("j", "new"))
-    assert d.job is None and list(d.datasets) == ["new"]
+    assert d.job is None and list(d.datasets or ()) == ["new"]
     _run(s, _tf("j", "d3"))
     (d,) = _run(s, _fin("j", "d3"))
-    assert list(d.datasets) == ["d3"] and d.actions == (Commit(job="j", dataset="d3"),)
+    assert list(d.datasets or ()) == ["d3"] and d.actions == (Commit(job="j", dataset="d3"),)
     (d,) = _run(s, JobStarted(job="j", datasets=["d1", "late"], timeout_s=60, started_at=0.0))
-    assert d.job is None and list(d.datasets) == ["late"]
+    assert d.job is None and list(d.datasets or ()) == ["late"]
     meta = s.jobs["j"]
     assert s.set_status("j", "d3", "committed") is meta, "changed in place, not copied"
     assert len(meta.datasets) == 1002

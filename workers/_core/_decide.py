@@ -95,7 +95,7 @@ def _task_finished(
     meta = state.jobs.get(ev.job)
     opened = _open_job(ev.job, now, default_timeout) if meta is None else None
     ds = meta.datasets.get(ev.dataset) if meta is not None else None
-    changed: dict[str, DatasetState] = {}
+    changed: dict[str, DatasetState] | None = None
     if ds is None:
         ds = _OPEN
         changed = {ev.dataset: ds}

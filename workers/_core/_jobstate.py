@@ -148,7 +148,7 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
 
     job: JobMeta | None = None
     job_id: str = ""
-    datasets: dict[str, DatasetState] = {}
+    datasets: dict[str, DatasetState] | None = None  # None rather than {}: no dict per task report
     attempt: tuple[str, Attempt] | None = None
     seq: int = 0
     actions: tuple[Action, ...] = ()
