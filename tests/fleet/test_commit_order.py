@@ -10,12 +10,17 @@ grows with each hold, and one commit runs at a time under it) orders its commits
 from __future__ import annotations
 
 import time
+from pathlib import Path
+
+import redis.asyncio
 
 from shared.commit import read_manifest
-from shared.events import CommitStarted, QueueEvent
+from shared.events import CommitStarted, DatasetExpectation, JobFinished, JobStarted, QueueEvent
+from tests._support.fleet import fleet_settings, inprocess_fleet
 from tests._support.fleet_checks import admin_events, committed
-from tests._support.fleet_jobs import good_job
+from tests._support.fleet_jobs import good_job, stage_task
 from tests._support.process_fleet import Fleet, assert_exactly_once, report
+from tests._support.routing import datasets_on
 from tests._support.wait import wait_for
 
 JOBS = [f"order{j:02d}" for j in range(30)]
@@ -63,3 +68,35 @@ async def test_each_datasets_commit_order_is_the_job_order_after_kills(fleet: Fl
         f"{len(out_of_order)} of {len(DATASETS)} datasets committed out of job order, e.g. "
         f"{next(iter(out_of_order.items()))}"
     )
+
+
+async def test_a_later_job_waits_while_an_earlier_job_still_waits_for_a_task_of_the_dataset(
+    redis_url: str, redis_client: redis.asyncio.Redis, fleet_name: str, tmp_path: Path
+) -> None:
+    settings = fleet_settings(redis_url, tmp_path / "store", fleet_name)
+    shared_ds, other = datasets_on(2, settings.fleet.shards, 2)  # one shard: one stream, one order
+    async with inprocess_fleet(redis_client, settings) as fleet:
+        first = await stage_task(fleet.store, "early", shared_ds, 0, 0)
+        last = await stage_task(fleet.store, "early", shared_ds, 1, 0)
+        early: list[QueueEvent] = [
+            JobStarted(job="early", datasets=[shared_ds], timeout_s=600, started_at=time.time()),
+            first,
+            JobFinished(
+                job="early", datasets={shared_ds: DatasetExpectation(tasks=2)}, finished_at=time.time()
+            ),
+        ]
+        later = await good_job(fleet.store, "later", [shared_ds, other], tasks=1, duplicate_attempt=False)
+        await fleet.publisher.publish_many([*early, *later])
+        # "later" finished after "early" and is complete: its other dataset commits at once ...
+        await wait_for(
+            lambda: committed(fleet.store, [other], "later"), timeout=60, what="later's other dataset"
+        )
+        # ... but not the shared one, while "early" (finished first) waits for its last task.
+        assert await read_manifest(fleet.store, shared_ds, "later") is None
+        assert await read_manifest(fleet.store, shared_ds, "early") is None
+        await fleet.publisher.publish_many([last])
+        await wait_for(lambda: committed(fleet.store, [shared_ds], "later"), timeout=60, what="both commits")
+        m_early = await read_manifest(fleet.store, shared_ds, "early")
+        m_later = await read_manifest(fleet.store, shared_ds, "later")
+        assert m_early is not None and m_later is not None
+        assert m_early.epoch < m_later.epoch, "early's commit of the dataset came first"
