@@ -61,6 +61,10 @@ from shared.queue import AdminPublisher, Keys, connect, join_fleet
 from shared.storage import open_store
 
 from ._context import WorkerContext
+from ._core import Limits
+from ._health import HealthMonitor, WorkerStats
+from ._health_http import HealthServer
+from ._health_metrics import WorkerMetrics
 from ._heap import trim_heap_forever, tune_gc
 from ._probe import Probe, no_probe
 from ._runners import ShardRunners
@@ -109,9 +113,21 @@ class Worker:
         self._runners = self._shards.by_shard  # shard -> (runner, task); the same dict, never replaced
         # Set when the worker starts leaving: its heartbeat must not bring it back.
         self._leaving = asyncio.Event()
+        w = settings.worker
+        # What the health endpoint judges from (recorded whether it is served or not).
+        self.health = HealthMonitor(
+            Limits(
+                lease=w.lease,
+                heartbeat=w.heartbeat,
+                max_loop_lag=w.max_loop_lag,
+                redis_timeout=settings.redis.socket_timeout,
+            )
+        )
+        self.health_port: int | None = None  # the bound port of the health endpoint, once serving
 
     def shutdown(self) -> None:
         """Begin the phased shutdown (idempotent; returns at once)."""
+        self.health.stopping()
         self._stop.set()
 
     @property
@@ -119,8 +135,21 @@ class Worker:
         """Return the shards with a live runner."""
         return frozenset(s for s, (_r, t) in self._runners.items() if not t.done())
 
+    def stats(self) -> WorkerStats:
+        """Return the shards with a live runner, and the work running and queued in them (cheap)."""
+        runners = [r for r, t in self._runners.values() if not t.done()]
+        return WorkerStats(
+            shards_owned=len(runners),
+            inflight=sum(len(r.scheduler.tasks) for r in runners),
+            queued=sum(len(r.scheduler.queue) for r in runners),
+        )
+
     async def run(self) -> None:
         """Join the fleet and work until :meth:`shutdown`; then leave in phases.
+
+        With ``worker.http_port`` set, the health endpoint (:mod:`workers._health_http`)
+        and its loop ticker serve from before Redis is first reached until the worker
+        has left (through every shutdown phase: liveness holds while it drains).
 
         Returns without joining when shut down while waiting for Redis.
 
@@ -134,6 +163,24 @@ class Worker:
         Cancellation: treated like a shutdown without the grace period (runners
         are cancelled, locks released shielded, the lease deleted shielded).
         """
+        w = self.settings.worker
+        if not w.http_port:
+            await self._run()
+            return
+        server = HealthServer(
+            w.http_host, w.http_port, self.health, WorkerMetrics(self.worker_id, self.health, self.stats)
+        )
+        await server.start()  # a ConfigError before anything connects (exit 2)
+        self.health_port = server.port
+        ticker = asyncio.ensure_future(self.health.tick_forever())
+        try:
+            await self._run()
+        finally:
+            await run_shielded(server.stop())
+            await run_shielded(cancel_until_done(ticker))
+
+    async def _run(self) -> None:
+        """The body of :meth:`run` (same returns, raises and cancellation)."""
         s = self.settings
         redis_client = connect(s.redis, client_name=f"commitfleet-worker-{self.worker_id}")
         crashed: BaseException | None = None
@@ -145,6 +192,7 @@ class Worker:
                 if resolved is None:
                     log.info("stopped before joining the fleet", extra=kv(worker=self.worker_id))
                     return
+                self.health.reached()
                 self.settings = self._shards.settings = s = resolved
                 keys = Keys(s.fleet.name)
                 ctx = WorkerContext(
@@ -177,6 +225,7 @@ class Worker:
                     log.info("stopped before joining the fleet", extra=kv(worker=self.worker_id))
                     await run_shielded(self._leave(ctx, reason=None))
                     return
+                self.health.joined()
                 self.ready.set()
                 crashed = await self._work(ctx, started)
         finally:
@@ -245,6 +294,7 @@ class Worker:
                     process.start(ctx.notifier.run(), "lock release notices")
                 follower = process.start(self._follow(ctx, process), "assignment follower")
                 await self._stop.wait()
+                self.health.stopping()  # a shutdown, or a fatal error: not ready any more
                 # Its reconcile steps are safe to interrupt: a shard it had not started yet
                 # is simply not started.
                 await cancel_until_done(follower)
@@ -272,6 +322,7 @@ class Worker:
     async def _leave(self, ctx: WorkerContext, *, reason: str | None) -> None:
         """Deregister and publish ``worker_left`` (``reason`` None: deregister only); best effort, bounded."""
         self._leaving.set()
+        self.health.left()
         removed: bool | None = None  # None: unknown (Redis failed): announced here, as before
         try:
             async with asyncio.timeout(LEAVE_TIMEOUT_S):
@@ -304,26 +355,28 @@ class Worker:
                 return
             try:
                 info = worker_info(self.worker_id, started, self._instance)
-                if not await registry.renew(info, s.lease):
-                    if self._leaving.is_set():
-                        # The lease is gone because we deregistered: re-registering here
-                        # (a heartbeat whose cancellation was lost) would leave a member
-                        # behind that the coordinator later reports as a second worker_left.
-                        return
-                    # We were presumed dead (frozen, or cut off from Redis): our
-                    # shards may have moved; their owner tokens fence us.
-                    log.warning(
-                        "membership lease had expired; re-registering", extra=kv(worker=self.worker_id)
+                if await registry.renew(info, s.lease):
+                    self.health.renewed()
+                    continue
+                if self._leaving.is_set():
+                    # The lease is gone because we deregistered: re-registering here
+                    # (a heartbeat whose cancellation was lost) would leave a member
+                    # behind that the coordinator later reports as a second worker_left.
+                    return
+                # We were presumed dead (frozen, or cut off from Redis): our
+                # shards may have moved; their owner tokens fence us.
+                log.warning("membership lease had expired; re-registering", extra=kv(worker=self.worker_id))
+                holder = await registry.register(info, s.lease)
+                if holder is not None:
+                    # Another process took our id while we were presumed dead: it owns
+                    # our shards under the same owner tokens. Stop at once.
+                    raise Fenced(
+                        f"worker id {self.worker_id!r} was taken by another process (host {holder.host},"
+                        f" pid {holder.pid}) while this one was presumed dead; stopping"
                     )
-                    holder = await registry.register(info, s.lease)
-                    if holder is not None:
-                        # Another process took our id while we were presumed dead: it owns
-                        # our shards under the same owner tokens. Stop at once.
-                        raise Fenced(
-                            f"worker id {self.worker_id!r} was taken by another process (host {holder.host},"
-                            f" pid {holder.pid}) while this one was presumed dead; stopping"
-                        )
+                self.health.renewed()
             except TransientError as exc:
+                self.health.heartbeat_failed()
                 log.warning("heartbeat failed", extra=kv(error=str(exc)))
 
     async def _follow(self, ctx: WorkerContext, process: ProcessTasks) -> None:
