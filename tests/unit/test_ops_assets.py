@@ -13,6 +13,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from coordinator.admin._metrics import FleetMetrics
 from coordinator.admin._ui import ASSETS
+from workers._core import Limits
+from workers._health import HealthMonitor, WorkerStats
+from workers._health_metrics import WorkerMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
@@ -37,10 +40,21 @@ def exposed() -> dict[str, str]:
     return out
 
 
+def worker_exposed() -> dict[str, str]:
+    """Return {metric name: type} of the commitfleet metrics a worker's /metrics exposes."""
+    limits = Limits(lease=15.0, heartbeat=3.0, max_loop_lag=5.0, redis_timeout=10.0)
+    text = WorkerMetrics("w1", HealthMonitor(limits), WorkerStats).render().decode()
+    return {f.name: f.type for f in text_string_to_metric_families(text) if f.name.startswith("commitfleet_")}
+
+
 def test_readme_documents_exactly_the_exposed_metrics() -> None:
     readme = (ROOT / "README.md").read_text()
     table = dict(re.findall(r"^\| `(commitfleet_[a-z_]+)` \| (counter|gauge|histogram) \|", readme, re.M))
-    assert table == exposed()
+    coordinator = {k: v for k, v in table.items() if not k.startswith("commitfleet_worker_")}
+    assert coordinator == exposed()
+    worker = {k: v for k, v in table.items() if k.startswith("commitfleet_worker_")}
+    assert worker == worker_exposed()
+    assert not any(k.startswith("commitfleet_worker_") for k in exposed())
 
 
 def test_dashboard_queries_only_exposed_metrics() -> None:
