@@ -42,6 +42,9 @@ import logging
 import os
 import socket
 import time
+from dataclasses import dataclass
+
+import redis.asyncio
 
 from shared import ConfigError, Fenced, Settings, TransientError, cancel_until_done, kv, nonce, run_shielded
 from shared.events import ValidationLimits, WorkerJoined, WorkerLeft
@@ -76,6 +79,41 @@ FOLLOW_INTERVAL_S = 0.25
 # and how long leaving (deregister, worker_left) may take when Redis is slow or down.
 CRASH_SETTLE_S = 1.0
 LEAVE_TIMEOUT_S = 1.5
+# How long handing the shards back (phase 3, one Redis write) may take before the worker leaves anyway.
+HANDBACK_TIMEOUT_S = 2.0
+# How long closing the Redis client and the store may take at the very end.
+CLOSE_TIMEOUT_S = 2.0
+
+
+@dataclass(slots=True)
+class ShutdownPhases:
+    """When each shutdown phase ended (``time.monotonic()``; None: not reached), for the log line
+    ``worker shut down`` that gives each phase's seconds."""
+
+    asked: float | None = None
+    drained: float | None = None
+    handed_back: float | None = None
+    left: float | None = None
+    closed: float | None = None
+
+    def seconds(self) -> dict[str, float]:
+        """Return the seconds of each phase reached (``drain_s``, ``handback_s``, ``leave_s``,
+        ``close_s``) and of them all (``total_s``)."""
+        marks = [
+            ("drain_s", self.drained),
+            ("handback_s", self.handed_back),
+            ("leave_s", self.left),
+            ("close_s", self.closed),
+        ]
+        out: dict[str, float] = {}
+        before = self.asked
+        for name, at in marks:
+            if before is not None and at is not None:
+                out[name] = round(at - before, 3)
+                before = at
+        if self.asked is not None and self.closed is not None:
+            out["total_s"] = round(self.closed - self.asked, 3)
+        return out
 
 
 class Worker:
@@ -124,10 +162,13 @@ class Worker:
             )
         )
         self.health_port: int | None = None  # the bound port of the health endpoint, once serving
+        self._phases = ShutdownPhases()
 
     def shutdown(self) -> None:
         """Begin the phased shutdown (idempotent; returns at once)."""
         self.health.stopping()
+        if self._phases.asked is None:
+            self._phases.asked = time.monotonic()
         self._stop.set()
 
     @property
@@ -229,7 +270,10 @@ class Worker:
                 self.ready.set()
                 crashed = await self._work(ctx, started)
         finally:
-            await run_shielded(redis_client.aclose())
+            await run_shielded(_close_within(redis_client, CLOSE_TIMEOUT_S))
+            if self._phases.asked is not None and self._phases.drained is not None:
+                self._phases.closed = time.monotonic()
+                log.info("worker shut down", extra=kv(worker=self.worker_id, **self._phases.seconds()))
         if crashed is not None:
             raise ProcessCrashed(f"worker {self.worker_id} crashed: {crashed!r}") from crashed
 
@@ -295,6 +339,8 @@ class Worker:
                 follower = process.start(self._follow(ctx, process), "assignment follower")
                 await self._stop.wait()
                 self.health.stopping()  # a shutdown, or a fatal error: not ready any more
+                if self._phases.asked is None:  # a fatal error, not a shutdown
+                    self._phases.asked = time.monotonic()
                 # Its reconcile steps are safe to interrupt: a shard it had not started yet
                 # is simply not started.
                 await cancel_until_done(follower)
@@ -312,6 +358,7 @@ class Worker:
             if not left:
                 # Phase 4, shielded: a cancelled worker still leaves cleanly.
                 await run_shielded(self._leave(ctx, reason="crashed" if process.crashed else "shutdown"))
+            self._phases.left = time.monotonic()
         return process.crashed
 
     def _on_fatal(self) -> None:
@@ -398,13 +445,22 @@ class Worker:
                 await asyncio.wait_for(self._stop.wait(), FOLLOW_INTERVAL_S)
 
     async def _stop_all(self, ctx: WorkerContext, process: ProcessTasks) -> None:
+        """Phases 1-3: stop intake and drain every runner (``worker.drain_grace``), then hand every
+        shard back in one write bounded by :data:`HANDBACK_TIMEOUT_S` (Redis slow or down: the
+        coordinator moves the shards once our lease expires instead)."""
         shards = list(self._runners)
         await self._shards.wait_stopped(process)
-        for shard in shards:
-            if process.crashed is not None:
-                break  # a fatal error while draining: leave without handing back
-            with contextlib.suppress(TransientError):
-                await ctx.registry.confirm_stopped(shard, self.worker_id)
+        self._phases.drained = time.monotonic()
+        if process.crashed is None:  # a fatal error while draining: leave without handing back
+            try:
+                async with asyncio.timeout(HANDBACK_TIMEOUT_S):
+                    await ctx.registry.confirm_all_stopped(shards, self.worker_id)
+            except (TransientError, TimeoutError) as exc:
+                log.warning(
+                    "could not hand the shards back; they move when the lease expires",
+                    extra=kv(error=str(exc) or type(exc).__name__, shards=len(shards)),
+                )
+        self._phases.handed_back = time.monotonic()
         self._runners.clear()
 
 
@@ -428,6 +484,15 @@ async def run_worker(settings: Settings, *, worker_id: str | None = None) -> Non
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
             loop.remove_signal_handler(sig)
+
+
+async def _close_within(client: redis.asyncio.Redis, timeout: float) -> None:  # noqa: ASYNC109
+    """Close ``client``, giving up after ``timeout`` seconds (the process ends anyway)."""
+    try:
+        async with asyncio.timeout(timeout):
+            await client.aclose()
+    except TimeoutError:
+        log.warning("closing the Redis client timed out", extra=kv(timeout_s=timeout))
 
 
 def _gone(holder: WorkerInfo) -> bool:
