@@ -92,6 +92,8 @@ log = logging.getLogger("workers.shard")
 
 # How often the runner looks at timeouts, operator requests and retention.
 TICK_S = 1.0
+# How long the board's last write after a drain may take (Redis slow or down) before the runner ends anyway.
+BOARD_FLUSH_TIMEOUT_S = 2.0
 
 
 class ShardRunner:
@@ -181,7 +183,11 @@ class ShardRunner:
                 # completes is lost on Python 3.11, and the group would wait
                 # for the writer forever (the shard assigned here, served by nobody).
                 await cancel_until_done(writer)
-                await self.board.flush()  # what the drain ended leaves the board now
+                # What the drain ended leaves the board now; bounded, as the worker's exit waits for
+                # it (the board only informs: the next owner's session rewrites it).
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(BOARD_FLUSH_TIMEOUT_S):
+                        await self.board.flush()
         except* Fenced as eg:
             raise eg.exceptions[0] from None
         except* CommitfleetError as eg:

@@ -12,10 +12,17 @@ phases:
 2. drain: in-flight commits and aborts get ``worker.drain_grace`` seconds to
    finish, then are cancelled (each releases its dataset lock, shielded; an
    interrupted commit stays in the WAL and the shard's next owner recovers it);
-3. hand back: each stopped shard is confirmed to the coordinator, so it can
-   move the shard at once instead of waiting for our lease to expire;
-4. leave: the membership lease is deleted, ``worker_left`` is published and
-   the clients are closed.
+3. hand back: every stopped shard is confirmed to the coordinator in one
+   write (at most ``HANDBACK_TIMEOUT_S``), so it can move the shards at once
+   instead of waiting for our lease to expire;
+4. leave: the membership lease is deleted, ``worker_left`` is published (each
+   at most ``LEAVE_TIMEOUT_S``) and the clients are closed (the Redis client
+   at most ``CLOSE_TIMEOUT_S``).
+
+Everything after the drain is bounded, so a worker exits within
+``worker.drain_grace`` plus a few seconds even with Redis down or hung; the
+log line ``worker shut down`` gives each phase's seconds. From the signal to
+the end of its drain, readiness (``/readyz``) fails and liveness holds.
 
 What ends only one shard, and what ends the process: a shard runner that
 raises a :class:`~shared.CommitfleetError` (fenced by a new owner, a shard set
