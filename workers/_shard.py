@@ -105,6 +105,7 @@ class ShardRunner:
         self.stopping = asyncio.Event()
         self._last_tick = 0.0
         self._last_trim = 0.0
+        self._stop_asked: float | None = None  # time.monotonic() of the first request_stop
         self._seen: dict[str, float] = {}  # job -> when its liveness key was last seen
         self.board = InFlightBoard(ctx.redis, ctx.keys, shard)
         # Dead letters keep any entry that was not oversized whole (docs/queue.md).
@@ -137,7 +138,9 @@ class ShardRunner:
         )
 
     def request_stop(self) -> None:
-        """Ask the runner to stop intake and drain (idempotent)."""
+        """Ask the runner to stop intake and drain (idempotent; the grace counts from the first ask)."""
+        if self._stop_asked is None:
+            self._stop_asked = time.monotonic()
         self.stopping.set()
         self.scheduler.wake()  # wakes an intake paused for room (Scheduler.wait_room)
 
@@ -194,7 +197,8 @@ class ShardRunner:
             raise eg.exceptions[0] from None
 
     async def _drain(self, dispatcher: asyncio.Task[None]) -> None:
-        """Give the shard's queued and running work ``drain_grace`` seconds, then cancel what is left.
+        """Give the shard's queued and running work what is left of ``drain_grace`` since the stop was
+        asked, then cancel what is left.
 
         The dispatcher goes on starting queued work meanwhile: work decided
         before the stop is tried before the shard is handed on, as far as the
@@ -205,15 +209,33 @@ class ShardRunner:
         """
         scheduler = self.scheduler
         if scheduler.queue.datasets:
+            grace = self._grace_left()
             log.info(
                 "draining shard",
-                extra=kv(shard=self.shard, queued=len(scheduler.queue), in_flight=len(scheduler.tasks)),
+                extra=kv(
+                    shard=self.shard,
+                    queued=len(scheduler.queue),
+                    in_flight=len(scheduler.tasks),
+                    grace_left_s=round(grace, 2),
+                ),
             )
-            await scheduler.settle(self.ctx.settings.worker.drain_grace)
+            await scheduler.settle(grace)
         await cancel_until_done(dispatcher)  # first: it must start nothing more
         # Each releases its lock on the way out; its WAL stays for the next owner.
         await scheduler.cancel_running()
         scheduler.forget_queued()
+
+    def _grace_left(self) -> float:
+        """Return the seconds left of ``worker.drain_grace`` since the stop was asked.
+
+        The grace counts from the ask, not from when the session ended (it
+        finishes the read and the batch under way first, which under load took
+        seconds): a worker's drain then fits ``drain_grace`` plus what follows.
+        """
+        grace = self.ctx.settings.worker.drain_grace
+        if self._stop_asked is None:
+            return grace
+        return max(0.0, grace - (time.monotonic() - self._stop_asked))
 
     async def _session(self) -> None:
         ctx = self.ctx
