@@ -29,6 +29,7 @@ import secrets
 import signal
 import statistics
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,10 +55,12 @@ class Stop:
     rc: int
     phases: dict[str, float]
     draining: bool  # the worker logged a shard with work to drain
+    teardown_s: float | None  # from its 'worker shut down' line to the process's exit (interpreter teardown)
 
 
 def phases_of(log: str) -> tuple[dict[str, float], bool]:
-    """Return the phases of the ``worker shut down`` line of a JSON log, and whether a shard drained work."""
+    """Return the phases of the ``worker shut down`` line of a JSON log (and its ``ts`` as ``at``), and
+    whether a shard drained work."""
     phases: dict[str, float] = {}
     draining = False
     for line in log.splitlines():
@@ -69,9 +72,16 @@ def phases_of(log: str) -> tuple[dict[str, float], bool]:
             continue
         if rec.get("msg") == "worker shut down":
             phases = {k: float(v) for k, v in rec.items() if k.endswith("_s")}
+            phases["at"] = float(rec["ts"])
         elif rec.get("msg") == "draining shard":
             draining = True
     return phases, draining
+
+
+def wait_exit(p: FleetProcess, ended: list[tuple[float, float]]) -> None:
+    """Wait for ``p`` to exit; append the monotonic and wall times it was seen."""
+    p.proc.wait()
+    ended.append((time.monotonic(), time.time()))
 
 
 def pct(values: list[float], p: float) -> float:
@@ -150,12 +160,21 @@ async def run(args: argparse.Namespace, work: Path) -> list[Stop]:
                 await asyncio.sleep(2.0)  # load running before the first stop
                 for i in range(args.stops):
                     victim = live.pop(0)
+                    # A thread of its own sees the exit when it happens, however busy this loop is.
+                    ended: list[tuple[float, float]] = []
+                    waiter = threading.Thread(target=wait_exit, args=(victim, ended))
+                    waiter.start()
                     t0 = time.monotonic()
                     victim.signal(signal.SIGTERM)
-                    rc = await asyncio.to_thread(victim.proc.wait, args.drain_grace + 120)
-                    exit_s = time.monotonic() - t0
+                    await asyncio.to_thread(waiter.join, args.drain_grace + 120)
+                    rc = victim.proc.wait(1)
+                    exit_s = ended[0][0] - t0
                     phases, draining = phases_of(victim.output())
-                    stops.append(Stop(exit_s, rc, phases, draining))
+                    at = phases.pop("at", None)
+                    teardown = None if at is None else ended[0][1] - at
+                    stops.append(Stop(exit_s, rc, phases, draining, teardown))
+                    if teardown is not None:
+                        phases["teardown_s"] = teardown
                     shown = " ".join(f"{k}={v:.2f}" for k, v in phases.items())
                     note = " (drained work)" if draining else ""
                     print(
@@ -212,6 +231,10 @@ def main() -> None:
     print(summary("after the drain (exit-drain)", after))
     for phase in ("handback_s", "leave_s", "close_s"):
         print(summary(phase, [s.phases[phase] for s in stops if phase in s.phases]))
+    print(summary("teardown (log line to exit)", [s.teardown_s for s in stops if s.teardown_s is not None]))
+    if drains:
+        over = [d - args.drain_grace for d in drains]
+        print(summary("drain past drain_grace", [max(0.0, o) for o in over]))
 
 
 if __name__ == "__main__":
