@@ -259,6 +259,8 @@ class ShardRunner:
         await self.board.keep_only({work_label(k) for k in self.scheduler.running})
         await self._consumer.ensure_group()
         await self._claim_others(forget_idle=True)
+        if self.stopping.is_set():
+            return  # stopped while starting: what was under way is resumed by the next owner
         await self._resume_work()
         after = b"0"
         while not self.stopping.is_set():
@@ -412,8 +414,10 @@ class ShardRunner:
             if ds.status in ("committing", "blocked")
         }
         seen: set[str] = set()
-        everything = await list_unfinished(self.ctx.store)
-        unfinished = [u for u in everything if shard_of(u.dataset, shards) == self.shard]
+        # Only this shard's logs are read (each log is one store read; every shard's were read before).
+        unfinished = await list_unfinished(
+            self.ctx.store, datasets=lambda ds: shard_of(ds, shards) == self.shard
+        )
         await record_quarantined(
             self.ctx, self.shard, {f"{q.dataset}/{q.job}": q.quarantined or "" for q in unfinished}
         )
