@@ -3,7 +3,8 @@
 Runs a coordinator and ``--workers`` worker processes on local files (with a
 modelled object-store latency, ``--latency-ms``: an S3-like store, so commits
 are in flight when the signal lands) and a private redis-server; a producer
-publishes a job of ``--datasets`` datasets every ``--interval`` seconds. Then,
+publishes a job of ``--datasets`` datasets every ``--interval`` seconds while
+fewer than ``--max-backlog`` datasets wait for their commit. Then,
 ``--stops`` times: SIGTERM the oldest worker, time until its process has
 exited (and check its exit code is 0), start a fresh one, wait until the
 fleet has settled again. Each worker's last log line ``worker shut down``
@@ -141,9 +142,20 @@ async def run(args: argparse.Namespace, work: Path) -> list[Stop]:
 
             stop_producing = asyncio.Event()
 
+            metrics_key = fleet.keys.fleet_key("metrics")
+
+            async def backlog() -> int:
+                """Datasets published and not yet counted committed by the workers."""
+                done = await client.hget(metrics_key, "committed")
+                return len(published) * args.datasets - int(done or 0)
+
             async def produce() -> None:
                 n = 0
                 while not stop_producing.is_set():
+                    if await backlog() > args.max_backlog:  # a real pipeline waits too; keeps the end short
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(stop_producing.wait(), args.interval)
+                        continue
                     job = f"j{n:05d}"
                     datasets = [f"ds{(n * args.datasets + i) % 997:03d}" for i in range(args.datasets)]
                     events = await good_job(
@@ -218,6 +230,7 @@ def main() -> None:
     ap.add_argument("--interval", type=float, default=0.25, help="seconds between two jobs")
     ap.add_argument("--latency-ms", type=float, default=20.0, help="modelled store latency (p50; p99 5x)")
     ap.add_argument("--drain-grace", type=float, default=30.0)
+    ap.add_argument("--max-backlog", type=int, default=2000, help="datasets published and not yet committed")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         stops = asyncio.run(run(args, Path(tmp)))
