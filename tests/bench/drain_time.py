@@ -142,11 +142,11 @@ async def run(args: argparse.Namespace, work: Path) -> list[Stop]:
 
             stop_producing = asyncio.Event()
 
-            metrics_key = fleet.keys.fleet_key("metrics")
+            outcomes_key = fleet.keys.outcome_counts
 
             async def backlog() -> int:
                 """Datasets published and not yet counted committed by the workers."""
-                done = await client.hget(metrics_key, "committed")
+                done = await client.hget(outcomes_key, "committed")
                 return len(published) * args.datasets - int(done or 0)
 
             async def produce() -> None:
