@@ -72,12 +72,12 @@ def _pyarrow_parquet() -> Any:
     return pq
 
 
-async def read_state(store: ObjectStore, dataset: str) -> DeltaState | None:
+async def read_state(store: ObjectStore, dataset: str, *, cached: bool = True) -> DeltaState | None:
     """Return the Delta table's state at its newest version, or None when ``<dataset>/_delta_log/`` is empty.
 
-    Replays the newest complete checkpoint and the JSON commits after it;
-    in one process the state replayed last time is kept and only newer
-    commits are read.
+    Replays the newest complete checkpoint and the JSON commits after it.
+    With ``cached``, the state this process replayed last time is the start
+    when its version's commit is still listed, and only newer commits are read.
 
     Raises:
         CommitStepFailed: a commit or checkpoint is unreadable, or a version is
@@ -91,9 +91,9 @@ async def read_state(store: ObjectStore, dataset: str) -> DeltaState | None:
         _cache.pop((store.url, dataset), None)
         return None
     newest = max([*listing.commits, listing.checkpoint or -1])
-    cached = _cache.get((store.url, dataset))
-    if cached is not None and cached.version <= newest and cached.version in listing.commits:
-        state = cached.copy()
+    last = _cache.get((store.url, dataset)) if cached else None
+    if last is not None and last.version <= newest and last.version in listing.commits:
+        state = last.copy()
     elif listing.checkpoint is not None:
         state = DeltaState()
         cp = listing.checkpoint

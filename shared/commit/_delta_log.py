@@ -373,7 +373,10 @@ class DeltaState:
                 raise CommitStepFailed(f"{where}: line {n + 1} is not JSON: {exc}") from exc
             if not isinstance(action, dict):
                 raise CommitStepFailed(f"{where}: line {n + 1} is not an action")
-            self._action(action, version)
+            try:
+                self._action(action, version)
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                raise CommitStepFailed(f"{where}: line {n + 1} is a malformed action: {exc!r}") from exc
         self.version = version
 
     def _action(self, action: dict[str, Any], version: int) -> None:
