@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import datetime
 import io
-import math
 import re
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -165,7 +164,7 @@ def _stat_value(v: Any) -> Any:
     if isinstance(v, int):
         return v
     if isinstance(v, float):
-        return v if math.isfinite(v) else None
+        return None  # Parquet bounds leave NaN out; Spark orders NaN above every number
     if isinstance(v, datetime.datetime):
         return None  # Delta stores milliseconds: a truncated maximum would be wrong
     if isinstance(v, datetime.date):
@@ -176,10 +175,11 @@ def _stat_value(v: Any) -> Any:
 def file_stats(meta: Any) -> dict[str, Any]:
     """Return the Delta statistics of a Parquet file from its footer (``pyarrow.parquet.FileMetaData``).
 
-    ``numRecords`` always; ``nullCount``, ``minValues``, ``maxValues`` for top-level
-    primitive columns whose every row group carries them (integers, floats, dates,
-    strings: a minimum is cut to 32 characters, a longer maximum left out; no
-    timestamps, booleans, decimals or binaries).
+    ``numRecords`` always; ``nullCount`` for top-level primitive columns whose
+    every row group carries it; ``minValues``/``maxValues`` for top-level integer,
+    date and string columns (a string minimum is cut to 32 characters, a longer
+    maximum left out). No bounds for floats (Parquet's leave NaN out), timestamps
+    (Delta keeps milliseconds), booleans, decimals, binaries.
     """
     stats: dict[str, Any] = {"numRecords": meta.num_rows}
     nulls: dict[str, int] = {}

@@ -1,8 +1,8 @@
 """Helpers for the Delta table tests: staged Parquet jobs, and read-backs with delta-rs (``deltalake``).
 
-delta-rs reads the table where it is on local files and on the S3 emulator (moto); on the GCS and Azure emulators
-it reads a copy on local disk made through the store port (pointing delta-rs at fake-gcs-server and Azurite is
-not wired up here), so every check still reads the log as a Delta reader does.
+delta-rs reads the table where it is on local files and on the S3 emulator (moto); on the GCS and Azure
+emulators it reads a copy on local disk made through the store port (pointing delta-rs at fake-gcs-server and
+Azurite is not wired up here), so every check still reads the log as a Delta reader does.
 """
 
 from __future__ import annotations
