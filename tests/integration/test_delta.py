@@ -456,3 +456,28 @@ async def test_a_fresh_worker_replays_a_checkpoint_delta_rs_wrote(
         assert delta_rows(dt) == sorted_rows(*(j.rows for j in [*jobs, more]))
         # The audit cannot see the versions cleaned up; it does not call their manifests missing.
         assert (await audit(store)).ok
+
+
+async def test_delta_rs_lands_a_repeated_txn_twice_the_fleet_lands_a_repeated_job_once(
+    tmp_path: Path, make_target: MakeTarget
+) -> None:
+    """The hole the fleet closes: delta-rs does not refuse a commit whose (appId, version) the table holds."""
+    from deltalake import CommitProperties, Transaction
+
+    plain = tmp_path / "plain"
+    seed = pa.table({"id": pa.array(["x"], pa.string()), "amount": pa.array([1], pa.int64())})
+    for _ in range(2):
+        txn = CommitProperties(app_transactions=[Transaction("commitfleet/plain", 0)])
+        write_deltalake(str(plain), seed, mode="append", commit_properties=txn)
+    assert DeltaTable(str(plain)).to_pyarrow_table().num_rows == 2, "delta-rs landed the repeat"
+    target = make_target("local")
+    async with target.open() as store:
+        job = await stage_delta_job(store, "sales", "job-1")
+        step = job.step()
+        assert (
+            await commit_dataset(store, job.req, ManualLease("sales", 1), fast_settings(), extra_steps=[step])
+        ).ok
+        ctx = StepContext(store=store, lease=ManualLease("sales", 2), settings=fast_settings())
+        assert await step.ensure(ctx) is False, "the fleet refuses the repeat under its lock"
+        dt = await open_delta(store, target, "sales", tmp_path)
+        assert dt.version() == 0 and delta_rows(dt) == sorted_rows(job.rows)
