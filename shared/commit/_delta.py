@@ -28,9 +28,10 @@ from __future__ import annotations
 
 import asyncio
 import io
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
 from .._errors import NotFound, PreconditionFailed, TransientError
+from .._recent import Recent
 from ..events import StreamBatch, TableBinding, TableMode, check_dataset_segment, published_key
 from ..storage import ObjectStore
 from ._bounded import for_each_bounded
@@ -55,8 +56,12 @@ from ._steps import CommitStep, Phase, StepContext
 PARQUET_SUFFIX = ".parquet"
 _READS = 8
 
-_cache: dict[tuple[str, str], DeltaState] = {}
-"""The last state replayed per (store root, dataset): the next read replays only the newer commits."""
+DELTA_STATES: Final = 64
+"""How many tables' replayed states a process keeps (each holds its snapshot's add actions)."""
+
+_states: Recent[tuple[DeltaState, str]] = Recent(DELTA_STATES)
+"""The last state replayed per (store root, dataset), with the store version of its newest commit file:
+the next read starts there when the listing shows that very file, and replays only the newer commits."""
 
 
 def log_prefix(dataset: str) -> str:
@@ -77,7 +82,9 @@ async def read_state(store: ObjectStore, dataset: str, *, cached: bool = True) -
 
     Replays the newest complete checkpoint and the JSON commits after it.
     With ``cached``, the state this process replayed last time is the start
-    when its version's commit is still listed, and only newer commits are read.
+    when the listing shows its newest commit file at the store version seen
+    then (a table deleted and made again is replayed afresh), and only newer
+    commits are read.
 
     Raises:
         CommitStepFailed: a commit or checkpoint is unreadable, or a version is
@@ -85,15 +92,14 @@ async def read_state(store: ObjectStore, dataset: str, *, cached: bool = True) -
         TransientError / OutcomeUnknown: the store failed.
     """
     prefix = log_prefix(dataset)
-    names = [info.key[len(prefix) :] async for info in store.list(prefix)]
-    listing = read_listing(names)
+    tags = {info.key[len(prefix) :]: info.version async for info in store.list(prefix)}
+    listing = read_listing(tags)
     if not listing.commits and listing.checkpoint is None:
-        _cache.pop((store.url, dataset), None)
         return None
     newest = max([*listing.commits, listing.checkpoint or -1])
-    last = _cache.get((store.url, dataset)) if cached else None
-    if last is not None and last.version <= newest and last.version in listing.commits:
-        state = last.copy()
+    last = _states.get(store.url, dataset) if cached else None
+    if last is not None and last[0].version >= 0 and tags.get(commit_name(last[0].version)) == last[1]:
+        state = last[0].copy()
     elif listing.checkpoint is not None:
         state = DeltaState()
         cp = listing.checkpoint
@@ -112,7 +118,8 @@ async def read_state(store: ObjectStore, dataset: str, *, cached: bool = True) -
     await for_each_bounded(todo, one, _READS)
     for v in todo:
         state.apply(v, bodies[v], prefix + commit_name(v))
-    _cache[(store.url, dataset)] = state.copy()
+    if state.version >= 0 and commit_name(state.version) in tags:
+        _states.put(store.url, dataset, (state.copy(), tags[commit_name(state.version)]))
     return state
 
 

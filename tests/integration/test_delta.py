@@ -481,3 +481,34 @@ async def test_delta_rs_lands_a_repeated_txn_twice_the_fleet_lands_a_repeated_jo
         assert await step.ensure(ctx) is False, "the fleet refuses the repeat under its lock"
         dt = await open_delta(store, target, "sales", tmp_path)
         assert dt.version() == 0 and delta_rows(dt) == sorted_rows(job.rows)
+
+
+async def test_a_table_deleted_and_made_again_is_replayed_afresh(
+    tmp_path: Path, make_target: MakeTarget
+) -> None:
+    """A replayed state is a start only while the listing shows its newest commit file unchanged."""
+    target = make_target("local")
+    settings = fast_settings()
+    async with target.open() as store:
+        root = local_root(store)
+        assert root is not None
+        jobs = [await stage_delta_job(store, "sales", f"job-{i}") for i in range(2)]
+        for job in jobs:
+            assert (
+                await commit_dataset(
+                    store, job.req, ManualLease("sales", 1), settings, extra_steps=[job.step()]
+                )
+            ).ok
+        state = await read_state(store, "sales")
+        assert state is not None and state.version == 1 and len(state.files) == 4
+        for key in await keys(store, "sales/"):  # the table and its manifests gone
+            await store.delete(key)
+        # Made again by another writer, up to the same version: versions 0 and 1 exist again, other files.
+        seed = pa.table({"id": pa.array(["x"], pa.string()), "amount": pa.array([1], pa.int64())})
+        for _ in range(2):
+            write_deltalake(str(root / "sales"), seed, mode="append")
+        state = await read_state(store, "sales")
+        assert state is not None and state.version == 1
+        assert len(state.files) == 2 and state.fleet_commits == {}, (
+            "replayed afresh, not the remembered table"
+        )
