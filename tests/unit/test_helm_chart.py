@@ -13,6 +13,7 @@ import base64
 import json
 import math
 import re
+import tomllib
 from collections.abc import Mapping
 from typing import Any
 
@@ -407,3 +408,11 @@ def test_manifests_folder_holds_the_default_and_each_preset(tmp_path: Any) -> No
     for path in written:
         docs = list(yaml.safe_load_all(path.read_text()))
         assert {d["kind"] for d in docs} >= {"Deployment", "Service", "PodDisruptionBudget"}
+
+
+def test_chart_app_version_is_the_package_version() -> None:
+    chart = yaml.safe_load((h.CHART / "Chart.yaml").read_text())
+    project = tomllib.loads((h.ROOT / "pyproject.toml").read_text())["project"]
+    assert chart["appVersion"] == project["version"]
+    for component in ("coordinator", "worker"):
+        assert container(h.render(), component)["image"] == f"commitfleet:{project['version']}"
