@@ -452,6 +452,10 @@ class DeltaState:
             raise CommitStepFailed(
                 f"the Delta table needs features the fleet does not write: {', '.join(sorted(unknown))}"
             )
+        if self.metadata is not None and "delta.invariants" in self.metadata.get("schemaString", ""):
+            raise CommitStepFailed(
+                "the Delta table has column invariants (delta.invariants): the fleet does not check them"
+            )
         conf = (self.metadata or {}).get("configuration") or {}
         if mode == "overwrite" and str(conf.get("delta.appendOnly", "false")).lower() == "true":
             raise CommitStepFailed("the Delta table is append-only (delta.appendOnly): overwrite refused")

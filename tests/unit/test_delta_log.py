@@ -215,6 +215,21 @@ def test_tables_needing_what_the_fleet_does_not_write_are_refused(
             state.check_writable(mode)
 
 
+def test_a_table_with_column_invariants_is_refused() -> None:
+    field = {
+        "name": "n",
+        "type": "long",
+        "nullable": True,
+        "metadata": {"delta.invariants": '{"expression": "n > 0"}'},
+    }
+    schema = msgspec.json.encode({"type": "struct", "fields": [field]}).decode()
+    state = DeltaState(
+        protocol={"minReaderVersion": 1, "minWriterVersion": 2}, metadata={"schemaString": schema}
+    )
+    with pytest.raises(CommitStepFailed, match="invariants"):
+        state.check_writable("append")
+
+
 def test_schema_mismatch_names_the_column() -> None:
     table, _ = delta_schema(pa.schema([("id", pa.string()), ("amount", pa.int64())]))
     same, _ = delta_schema(pa.schema([("amount", pa.int64()), ("id", pa.string())]))
