@@ -21,6 +21,11 @@ of this job, if there is one, is the newest fleet commit of the dataset. Of two
 holders racing (a stale one and the next), both aim at the same next version;
 the create lets one land, the other re-reads and finds the job there.
 
+Every ``delta.checkpointInterval`` versions (default 10) the holder that
+landed a version also writes its classic Parquet checkpoint and
+``_last_checkpoint``, so readers and a fresh worker replay at most that many
+JSON commits.
+
 Only this module does I/O; the log's format is in :mod:`._delta_log`.
 """
 
@@ -29,6 +34,8 @@ from __future__ import annotations
 import asyncio
 import io
 from typing import Any, ClassVar, Final
+
+import msgspec
 
 from .._errors import NotFound, PreconditionFailed, TransientError
 from .._recent import Recent
@@ -41,6 +48,9 @@ from ._delta_log import (
     DeltaState,
     NewTable,
     app_id,
+    checkpoint_body,
+    checkpoint_interval,
+    checkpoint_name,
     commit_body,
     commit_name,
     delta_schema,
@@ -54,6 +64,7 @@ from ._model import CommitRequest
 from ._steps import CommitStep, Phase, StepContext
 
 PARQUET_SUFFIX = ".parquet"
+LAST_CHECKPOINT = "_last_checkpoint"
 _READS = 8
 
 DELTA_STATES: Final = 64
@@ -231,7 +242,31 @@ class CommitToDelta(CommitStep, frozen=True, kw_only=True, tag="delta"):
                 return False  # another holder landed it between our read and our create
             raise TransientError(f"{key}: another commit took version {version}; re-checking") from exc
         ctx.probe("table.committed")
+        await self._checkpoint(store, state, version, body)
         return True
+
+    async def _checkpoint(
+        self, store: ObjectStore, state: DeltaState | None, version: int, body: bytes
+    ) -> None:
+        """Write the checkpoint of ``version`` (just landed by this holder) when the table's interval says so.
+
+        Not part of the commit: a holder that stops before it leaves no checkpoint (the next multiple
+        of the interval writes one); a checkpoint is one whole object, created only if absent.
+
+        Raises:
+            TransientError / OutcomeUnknown: the store failed (the retry finds the version done).
+        """
+        prefix = log_prefix(self.dataset)
+        after = DeltaState() if state is None else state.copy()
+        after.apply(version, body, prefix + commit_name(version))
+        if version == 0 or version % checkpoint_interval(after) != 0:
+            return
+        data, size = await asyncio.to_thread(checkpoint_body, after)
+        try:
+            await store.write_if_absent(prefix + checkpoint_name(version), data)
+        except PreconditionFailed:
+            return  # another holder of this job wrote it
+        await store.write(prefix + LAST_CHECKPOINT, msgspec.json.encode({"version": version, "size": size}))
 
     async def _adds(
         self, store: ObjectStore, state: DeltaState | None

@@ -461,6 +461,193 @@ class DeltaState:
             raise CommitStepFailed("the Delta table is append-only (delta.appendOnly): overwrite refused")
 
 
+def checkpoint_interval(state: DeltaState) -> int:
+    """Return how many versions apart the table wants checkpoints (``delta.checkpointInterval``, else 10)."""
+    conf = (state.metadata or {}).get("configuration") or {}
+    try:
+        return max(1, int(conf.get("delta.checkpointInterval", 10)))
+    except (TypeError, ValueError):
+        return 10
+
+
+def checkpoint_name(version: int) -> str:
+    """Return the file name of the classic single-part checkpoint of ``version``."""
+    return f"{version:020d}.checkpoint.parquet"
+
+
+def _checkpoint_schema() -> Any:
+    import pyarrow as pa
+
+    def smap(nullable_values: bool = True) -> Any:
+        return pa.map_(pa.string(), pa.field("value", pa.string(), nullable=nullable_values))
+
+    strings = pa.list_(pa.field("element", pa.string(), nullable=False))
+    dv = pa.struct(
+        [
+            pa.field("storageType", pa.string(), nullable=False),
+            pa.field("pathOrInlineDv", pa.string(), nullable=False),
+            pa.field("offset", pa.int32()),
+            pa.field("sizeInBytes", pa.int32(), nullable=False),
+            pa.field("cardinality", pa.int64(), nullable=False),
+        ]
+    )
+    add = pa.struct(
+        [
+            pa.field("path", pa.string(), nullable=False),
+            pa.field("partitionValues", smap(), nullable=False),
+            pa.field("size", pa.int64(), nullable=False),
+            pa.field("modificationTime", pa.int64(), nullable=False),
+            pa.field("dataChange", pa.bool_(), nullable=False),
+            pa.field("stats", pa.string()),
+            pa.field("tags", smap()),
+            pa.field("deletionVector", dv),
+            pa.field("baseRowId", pa.int64()),
+            pa.field("defaultRowCommitVersion", pa.int64()),
+            pa.field("clusteringProvider", pa.string()),
+        ]
+    )
+    remove = pa.struct(
+        [
+            pa.field("path", pa.string(), nullable=False),
+            pa.field("deletionTimestamp", pa.int64()),
+            pa.field("dataChange", pa.bool_(), nullable=False),
+            pa.field("extendedFileMetadata", pa.bool_()),
+            pa.field("partitionValues", smap()),
+            pa.field("size", pa.int64()),
+            pa.field("stats", pa.string()),
+            pa.field("tags", smap()),
+            pa.field("deletionVector", dv),
+            pa.field("baseRowId", pa.int64()),
+            pa.field("defaultRowCommitVersion", pa.int64()),
+        ]
+    )
+    fmt = pa.struct(
+        [pa.field("provider", pa.string(), nullable=False), pa.field("options", smap(False), nullable=False)]
+    )
+    metadata = pa.struct(
+        [
+            pa.field("id", pa.string(), nullable=False),
+            pa.field("name", pa.string()),
+            pa.field("description", pa.string()),
+            pa.field("format", fmt, nullable=False),
+            pa.field("schemaString", pa.string(), nullable=False),
+            pa.field("partitionColumns", strings, nullable=False),
+            pa.field("createdTime", pa.int64()),
+            pa.field("configuration", smap(False), nullable=False),
+        ]
+    )
+    protocol = pa.struct(
+        [
+            pa.field("minReaderVersion", pa.int32(), nullable=False),
+            pa.field("minWriterVersion", pa.int32(), nullable=False),
+            pa.field("readerFeatures", strings),
+            pa.field("writerFeatures", strings),
+        ]
+    )
+    txn = pa.struct(
+        [
+            pa.field("appId", pa.string(), nullable=False),
+            pa.field("version", pa.int64(), nullable=False),
+            pa.field("lastUpdated", pa.int64()),
+        ]
+    )
+    domain = pa.struct(
+        [
+            pa.field("domain", pa.string(), nullable=False),
+            pa.field("configuration", pa.string(), nullable=False),
+            pa.field("removed", pa.bool_(), nullable=False),
+        ]
+    )
+    sidecar = pa.struct(
+        [
+            pa.field("path", pa.string(), nullable=False),
+            pa.field("sizeInBytes", pa.int64(), nullable=False),
+            pa.field("modificationTime", pa.int64(), nullable=False),
+            pa.field("tags", smap()),
+        ]
+    )
+    return pa.schema(
+        [
+            ("add", add),
+            ("remove", remove),
+            ("metaData", metadata),
+            ("protocol", protocol),
+            ("txn", txn),
+            ("domainMetadata", domain),
+            ("sidecar", sidecar),
+        ]
+    )
+
+
+def _pairs(value: Any) -> list[tuple[str, Any]]:
+    return list((value or {}).items())
+
+
+def checkpoint_body(state: DeltaState) -> tuple[bytes, int]:
+    """Return a classic single-part Parquet checkpoint of ``state``, and how many actions it holds.
+
+    The checkpoint holds the protocol, the metadata, the txns and the current
+    files (the schema delta-rs writes); removes are left out (none is needed to
+    read the table). Blocking (pyarrow).
+
+    Raises:
+        CommitStepFailed: the state has no protocol or metadata.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if state.protocol is None or state.metadata is None:
+        raise CommitStepFailed("cannot checkpoint a Delta table without protocol and metaData")
+    rows: list[dict[str, Any]] = []
+    p = state.protocol
+    rows.append(
+        {
+            "protocol": {
+                "minReaderVersion": int(p.get("minReaderVersion", 1)),
+                "minWriterVersion": int(p.get("minWriterVersion", 2)),
+                "readerFeatures": p.get("readerFeatures"),
+                "writerFeatures": p.get("writerFeatures"),
+            }
+        }
+    )
+    m = state.metadata
+    fmt = m.get("format") or {}
+    rows.append(
+        {
+            "metaData": {
+                "id": m["id"],
+                "name": m.get("name"),
+                "description": m.get("description"),
+                "format": {"provider": fmt.get("provider", "parquet"), "options": _pairs(fmt.get("options"))},
+                "schemaString": m["schemaString"],
+                "partitionColumns": list(m.get("partitionColumns") or []),
+                "createdTime": m.get("createdTime"),
+                "configuration": _pairs(m.get("configuration")),
+            }
+        }
+    )
+    for app, version in sorted(state.txns.items()):
+        rows.append({"txn": {"appId": app, "version": version, "lastUpdated": None}})
+    for path, a in sorted(state.files.items()):
+        rows.append(
+            {
+                "add": {
+                    "path": path,
+                    "partitionValues": _pairs(a.get("partitionValues")),
+                    "size": int(a.get("size", 0)),
+                    "modificationTime": int(a.get("modificationTime", 0)),
+                    "dataChange": False,
+                    "stats": a.get("stats"),
+                    "tags": _pairs(a.get("tags")) if a.get("tags") else None,
+                }
+            }
+        )
+    table = pa.Table.from_pylist(rows, schema=_checkpoint_schema())
+    buf = io.BytesIO()
+    pq.write_table(table, buf)
+    return buf.getvalue(), len(rows)
+
+
 def _from_checkpoint(value: Any) -> Any:
     """Return a checkpoint row's struct as the JSON action (Arrow maps come back as key/value pairs)."""
     if isinstance(value, dict):
@@ -541,6 +728,9 @@ __all__ = [
     "LogListing",
     "NewTable",
     "app_id",
+    "checkpoint_body",
+    "checkpoint_interval",
+    "checkpoint_name",
     "commit_body",
     "commit_name",
     "decode_path",

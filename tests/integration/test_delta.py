@@ -522,3 +522,59 @@ async def test_a_table_deleted_and_made_again_is_replayed_afresh(
         assert len(state.files) == 2 and state.fleet_commits == {}, (
             "replayed afresh, not the remembered table"
         )
+
+
+@pytest.mark.parametrize("crash_in_checkpoint", [False, True])
+async def test_every_tenth_version_gets_a_checkpoint_delta_rs_and_a_fresh_worker_read(
+    tmp_path: Path, make_target: MakeTarget, crash_in_checkpoint: bool
+) -> None:
+    """The holder that lands version 10 writes its checkpoint; a crash in that write loses only that."""
+    from tests._support.fault_store import Fault, SimulatedCrash
+
+    target = make_target("local")
+    settings = fast_settings()
+    async with target.open() as store:
+        root = local_root(store)
+        assert root is not None
+        jobs = [await stage_delta_job(store, "sales", f"job-{i:02d}", n=2) for i in range(12)]
+        for i, job in enumerate(jobs):
+            crashing = i == 10 and crash_in_checkpoint
+            faults = [Fault("write_if_absent", SimulatedCrash, when=lambda b: b.startswith(b"PAR1"))]
+            holder: ObjectStore = FaultStore(store, faults=faults) if crashing else store
+            run = commit_dataset(
+                holder, job.req, ManualLease("sales", i + 1), settings, extra_steps=[job.step()]
+            )
+            if crashing:
+                await expect_crash(run)
+                got = await recover_dataset(store, "sales", ManualLease("sales", 100), settings)
+                assert [r.ok for r in got.results] == [True], got
+                res = await commit_dataset(
+                    store, job.req, ManualLease("sales", 100), settings, extra_steps=[job.step()]
+                )
+            else:
+                res = await run
+            assert res.ok, (i, res)
+        names = await log_names(store, "sales")
+        checkpoint = f"{10:020d}.checkpoint.parquet"
+        assert [n for n in names if not n.endswith(".json")] == (
+            [] if crash_in_checkpoint else [checkpoint, "_last_checkpoint"]
+        )
+        assert [n for n in names if n.endswith(".json")] == _commits(12)
+        if crash_in_checkpoint:
+            return
+        # Older commits cleaned up: delta-rs and a fresh worker must start from the fleet's checkpoint.
+        for v in range(10):
+            await store.delete(f"sales/_delta_log/{v:020d}.json")
+        dt = DeltaTable(str(root / "sales"))
+        assert dt.version() == 11 and dt.transaction_version("commitfleet/sales") == 11
+        assert delta_rows(dt) == sorted_rows(*(j.rows for j in jobs))
+        state = await read_state(store, "sales", cached=False)
+        assert state is not None and state.version == 11 and len(state.files) == 24
+        more = await stage_delta_job(store, "sales", "job-12", n=2)
+        assert (
+            await commit_dataset(
+                store, more.req, ManualLease("sales", 20), settings, extra_steps=[more.step()]
+            )
+        ).ok
+        assert delta_rows(DeltaTable(str(root / "sales"))) == sorted_rows(*(j.rows for j in [*jobs, more]))
+        assert (await audit(store)).ok

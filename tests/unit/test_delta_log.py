@@ -19,6 +19,7 @@ from shared.commit._delta_log import (
     DeltaState,
     NewTable,
     app_id,
+    checkpoint_body,
     commit_body,
     decode_path,
     delta_schema,
@@ -170,6 +171,24 @@ def test_replay_of_fleet_commits_tracks_files_txns_and_jobs() -> None:
     assert state.fleet_commits == {0: ("sales", "job-0"), 1: ("sales", "job-1"), 2: ("sales", "job-2")}
     assert state.protocol == {"minReaderVersion": 1, "minWriterVersion": 2}
     state.check_writable("overwrite")
+
+
+def test_a_checkpoint_replays_to_the_same_state() -> None:
+    state = DeltaState()
+    state.apply(0, _body(0), "v0")
+    state.apply(1, _body(1), "v1")
+    data, actions = checkpoint_body(state)
+    assert actions == 1 + 1 + 1 + 2  # protocol, metaData, one txn, two files
+    again = DeltaState()
+    again.apply_checkpoint(1, [data], "cp")
+    assert (again.version, again.txns) == (1, state.txns)
+    assert again.protocol is not None
+    assert {k: v for k, v in again.protocol.items() if v is not None} == state.protocol
+    assert again.metadata is not None and state.metadata is not None
+    assert again.metadata["schemaString"] == state.metadata["schemaString"]
+    assert {p: (a["size"], a["stats"]) for p, a in again.files.items()} == {
+        p: (a["size"], a["stats"]) for p, a in state.files.items()
+    }
 
 
 def test_a_commit_that_is_not_json_lines_of_actions_is_unreadable() -> None:
