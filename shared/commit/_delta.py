@@ -94,8 +94,8 @@ async def read_state(store: ObjectStore, dataset: str, *, cached: bool = True) -
     Replays the newest complete checkpoint and the JSON commits after it.
     With ``cached``, the state this process replayed last time is the start
     when the listing shows its newest commit file at the store version seen
-    then (a table deleted and made again is replayed afresh), and only newer
-    commits are read.
+    then (a table deleted and made again is replayed afresh) and every commit
+    after it, and only those newer commits are read.
 
     Raises:
         CommitStepFailed: a commit or checkpoint is unreadable, or a version is
@@ -109,7 +109,12 @@ async def read_state(store: ObjectStore, dataset: str, *, cached: bool = True) -
         return None
     newest = max([*listing.commits, listing.checkpoint or -1])
     last = _states.get(store.url, dataset) if cached else None
-    if last is not None and last[0].version >= 0 and tags.get(commit_name(last[0].version)) == last[1]:
+    if (
+        last is not None
+        and last[0].version >= 0
+        and tags.get(commit_name(last[0].version)) == last[1]
+        and all(commit_name(v) in tags for v in range(last[0].version + 1, newest + 1))
+    ):
         state = last[0].copy()
     elif listing.checkpoint is not None:
         state = DeltaState()

@@ -578,3 +578,32 @@ async def test_every_tenth_version_gets_a_checkpoint_delta_rs_and_a_fresh_worker
         ).ok
         assert delta_rows(DeltaTable(str(root / "sales"))) == sorted_rows(*(j.rows for j in [*jobs, more]))
         assert (await audit(store)).ok
+
+
+async def test_a_remembered_state_behind_cleaned_up_commits_gives_way_to_the_checkpoint(
+    tmp_path: Path, make_target: MakeTarget
+) -> None:
+    target = make_target("local")
+    settings = fast_settings()
+    async with target.open() as store:
+        root = local_root(store)
+        assert root is not None
+        jobs = [await stage_delta_job(store, "sales", f"job-{i}", n=1) for i in range(3)]
+        for job in jobs:
+            assert (
+                await commit_dataset(
+                    store, job.req, ManualLease("sales", 1), settings, extra_steps=[job.step()]
+                )
+            ).ok
+        state = await read_state(store, "sales")  # remembered at version 2
+        assert state is not None and state.version == 2
+        seed = pa.table({"id": pa.array(["x"], pa.string()), "amount": pa.array([1], pa.int64())})
+        for _ in range(
+            3
+        ):  # versions 3 to 5 by another writer, a checkpoint at 5, the older commits cleaned up
+            write_deltalake(str(root / "sales"), seed, mode="append")
+        DeltaTable(str(root / "sales")).create_checkpoint()
+        for v in range(5):
+            await store.delete(f"sales/_delta_log/{v:020d}.json")
+        state = await read_state(store, "sales")
+        assert state is not None and state.version == 5 and len(state.files) == 2 * 3 + 3
