@@ -19,6 +19,8 @@ from workers._health_metrics import WorkerMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
+# The dashboard's one copy: inside the Helm chart (its ConfigMap reads it), mounted by compose.
+DASHBOARD = DOCKER / "helm/commitfleet/files/grafana/commitfleet.json"
 STATUS: dict[str, Any] = {
     "fleet": "f",
     "counters": {},
@@ -58,7 +60,7 @@ def test_readme_documents_exactly_the_exposed_metrics() -> None:
 
 
 def test_dashboard_queries_only_exposed_metrics() -> None:
-    dash = json.loads((DOCKER / "grafana/dashboards/commitfleet.json").read_text())
+    dash = json.loads(DASHBOARD.read_text())
     names = exposed()
     used: set[str] = set()
     for panel in dash["panels"]:
@@ -78,11 +80,11 @@ def test_grafana_provisioning_points_at_the_dashboard() -> None:
     mounts = dict(v.removesuffix(":ro").split(":", 1) for v in grafana["volumes"])
     dashboards = yaml.safe_load((DOCKER / "grafana/provisioning/dashboards/commitfleet.yaml").read_text())
     path = dashboards["providers"][0]["options"]["path"]
-    assert mounts["./grafana/dashboards"] == path
+    assert mounts["./helm/commitfleet/files/grafana"] == path
     assert mounts["./grafana/provisioning"] == "/etc/grafana/provisioning"
     ds = yaml.safe_load((DOCKER / "grafana/provisioning/datasources/prometheus.yaml").read_text())
     uid = ds["datasources"][0]["uid"]
-    dash = json.loads((DOCKER / "grafana/dashboards/commitfleet.json").read_text())
+    dash = json.loads(DASHBOARD.read_text())
     assert {p["datasource"]["uid"] for p in dash["panels"]} == {uid}
     prom = yaml.safe_load((DOCKER / "prometheus/prometheus.yml").read_text())
     assert prom["scrape_configs"][0]["static_configs"][0]["targets"] == ["coordinator:8787"]
