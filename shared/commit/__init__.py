@@ -50,10 +50,13 @@ from ._steps import (
 from ._stream_gate import REFUSED_PREFIX, stream_verdict
 from ._stream_records import list_stream_datasets, read_stream_records, reset_stream
 from ._survey import UnfinishedSequence, list_unfinished
+from ._table_files import DescribedFile, data_file_from_stats
 from ._wal import CommitSequence, decode_sequence, encode_sequence, read_sequence
 from ._watermarks import AdvanceWatermarks, StreamMark, merge_watermarks, read_watermarks, read_watermarks_doc
 
 __all__ = [
+    "DescribedFile",
+    "data_file_from_stats",
     "for_each_bounded",
     "DATASET_PROPERTY",
     "DEFAULT_REGISTRY",

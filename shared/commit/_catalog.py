@@ -28,6 +28,8 @@ import asyncio
 from collections.abc import Callable, Mapping
 from typing import ClassVar, TypeVar
 
+import msgspec
+
 from .._errors import CommitfleetError
 from ..events import StreamBatch, TableBinding, published_key
 from ..settings import Settings, TableMode
@@ -43,6 +45,7 @@ from ._catalog_ops import (
 )
 from ._model import CommitRequest
 from ._steps import CommitStep, Phase, StepContext
+from ._table_files import DescribedFile
 
 T = TypeVar("T")
 
@@ -90,6 +93,8 @@ class CommitToTable(CommitStep, frozen=True, kw_only=True, tag="table"):
     mode: TableMode = "append"
     files: list[str]
     stream: StreamBatch | None = None
+    # The files' verified sizes and their producers' statistics, by store key (those that sent them).
+    described: dict[str, DescribedFile] = msgspec.field(default_factory=dict)
 
     def summary(self) -> dict[str, str]:
         """Return the snapshot summary properties this step adds besides the job's (a streaming batch's)."""
@@ -105,6 +110,11 @@ class CommitToTable(CommitStep, frozen=True, kw_only=True, tag="table"):
         """Return the files' full URIs under the store root ``store_url``."""
         root = store_url.rstrip("/")
         return [f"{root}/{key}" for key in self.files]
+
+    def described_uris(self, store_url: str) -> dict[str, DescribedFile]:
+        """Return :attr:`described` keyed by the files' full URIs under ``store_url``."""
+        root = store_url.rstrip("/")
+        return {f"{root}/{key}": known for key, known in self.described.items()}
 
     async def is_done(self, ctx: StepContext) -> bool:
         """Return True when a snapshot of the table carries this job's commit of the dataset.
@@ -154,6 +164,7 @@ class CommitToTable(CommitStep, frozen=True, kw_only=True, tag="table"):
                 self.uris(url),
                 ctx.lease.check,
                 self.summary(),
+                self.described_uris(url),
             )
             ctx.probe("table.committed")
             return landed
@@ -172,13 +183,21 @@ def resolve_binding(
 
 
 def table_step(req: CommitRequest, binding: TableBinding) -> CommitToTable:
-    """Return the table step of ``req``: its winners' published Parquet files (named as by plan_commit)."""
-    files = [
-        published_key(req.dataset, req.job, w.task, f.path)
-        for w in sorted(req.winners, key=lambda w: w.task)
-        for f in w.files
-        if f.path.endswith(PARQUET_SUFFIX)
-    ]
+    """Return the table step of ``req``: its winners' published Parquet files (named as by plan_commit).
+
+    Files whose producer sent statistics carry them (with their size), so the
+    step describes them to the table without reading their footers.
+    """
+    files: list[str] = []
+    described: dict[str, DescribedFile] = {}
+    for w in sorted(req.winners, key=lambda w: w.task):
+        for f in w.files:
+            if not f.path.endswith(PARQUET_SUFFIX):
+                continue
+            key = published_key(req.dataset, req.job, w.task, f.path)
+            files.append(key)
+            if f.stats is not None:
+                described[key] = DescribedFile(size=f.size, stats=f.stats)
     return CommitToTable(
         dataset=req.dataset,
         job=req.job,
@@ -186,6 +205,7 @@ def table_step(req: CommitRequest, binding: TableBinding) -> CommitToTable:
         mode=binding.mode,
         files=files,
         stream=req.stream,
+        described=described,
     )
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
@@ -26,6 +26,7 @@ import msgspec
 from .._errors import OutcomeUnknown, TransientError
 from ..settings import Settings, TableMode
 from ._errors import CommitStepFailed
+from ._table_files import DescribedFile, data_files
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -167,12 +168,15 @@ def commit_files(
     paths: Sequence[str],
     check: Callable[[], None],
     extra_properties: dict[str, str] | None = None,
+    described: Mapping[str, DescribedFile] | None = None,
 ) -> bool:
     """Make the job's snapshot exist: check, then one optimistic transaction based on what was read.
 
     ``paths`` are the published Parquet files' full URIs; ``check`` is called
     just before the commit (the lease); ``extra_properties`` go into the
-    snapshot's summary too (a streaming batch's). Blocking.
+    snapshot's summary too (a streaming batch's); ``described`` (by URI) the
+    sizes and statistics producers sent, from which those files' data files
+    are built without reading their footers (:mod:`._table_files`). Blocking.
 
     Returns:
         True when this call committed the snapshot, False when it was there
@@ -202,19 +206,20 @@ def commit_files(
                 raise CommitStepFailed(f"table {table}: mode create, but the job published no Parquet file")
             from pyiceberg.io import load_file_io
 
-            schema = _arrow_schema(load_file_io(cat.properties, paths[0]), paths[0])
+            io = load_file_io(cat.properties, paths[0])
+            schema = _arrow_schema(io, paths[0])
             try:
                 cat.create_namespace_if_not_exists(ident[:-1])
             except NoSuchNamespaceError as exc:  # a parent namespace missing in a nested catalog
                 raise CommitStepFailed(f"table {table}: {exc}") from exc
             txn: Any = cat.create_table_transaction(ident, schema)
-            txn.add_files(list(paths), snapshot_properties=props, check_duplicate_files=False)
+            _append(txn, io, paths, props, described or {})
         else:
             txn = _strict(tbl).transaction()
             if mode == "overwrite":
-                _overwrite(tbl, txn, paths, props)
+                _overwrite(tbl, txn, paths, props, described or {})
             else:
-                txn.add_files(list(paths), snapshot_properties=props, check_duplicate_files=False)
+                _append(txn, tbl.io, paths, props, described or {})
         check()
         txn.commit_transaction()
     except CommitFailedException as exc:
@@ -228,19 +233,51 @@ def commit_files(
     return True
 
 
-def _overwrite(tbl: Table, txn: Any, paths: Sequence[str], props: dict[str, str]) -> None:
-    """Stage one ``overwrite`` snapshot: every current data file out, the job's files in."""
-    from pyiceberg.io.pyarrow import parquet_files_to_data_files
+def _name_mapping(txn: Any) -> None:
+    """Record the table schema's name mapping when the table has none (as ``add_files`` does)."""
     from pyiceberg.table import TableProperties
 
     if txn.table_metadata.name_mapping() is None:
         mapping = txn.table_metadata.schema().name_mapping
         txn.set_properties(**{TableProperties.DEFAULT_NAME_MAPPING: mapping.model_dump_json()})
+
+
+def _append(
+    txn: Any, io: Any, paths: Sequence[str], props: dict[str, str], described: Mapping[str, DescribedFile]
+) -> None:
+    """Stage one append snapshot of ``paths``: pyiceberg's ``add_files``, with data files from ``described``.
+
+    The same snapshot producer as ``add_files`` picks (merge-append when the
+    table enables manifest merging, else fast-append). Raises ValueError on
+    duplicate paths or a file the table's schema cannot take.
+    """
+    from pyiceberg.table import TableProperties
+    from pyiceberg.utils.properties import property_as_bool
+
+    if len(paths) != len(set(paths)):
+        raise ValueError("File paths must be unique")
+    _name_mapping(txn)
+    merge = property_as_bool(
+        txn.table_metadata.properties,
+        TableProperties.MANIFEST_MERGE_ENABLED,
+        TableProperties.MANIFEST_MERGE_ENABLED_DEFAULT,
+    )
+    update = txn.update_snapshot(snapshot_properties=props)
+    with update.merge_append() if merge else update.fast_append() as append:
+        for df in data_files(io, txn.table_metadata, paths, described):
+            append.append_data_file(df)
+
+
+def _overwrite(
+    tbl: Table, txn: Any, paths: Sequence[str], props: dict[str, str], described: Mapping[str, DescribedFile]
+) -> None:
+    """Stage one ``overwrite`` snapshot: every current data file out, the job's files in."""
+    _name_mapping(txn)
     current = [task.file for task in tbl.scan().plan_files()]
     with txn.update_snapshot(snapshot_properties=props).overwrite() as ow:
         for f in current:
             ow.delete_data_file(f)
-        for df in parquet_files_to_data_files(tbl.io, txn.table_metadata, iter(paths)):
+        for df in data_files(tbl.io, txn.table_metadata, paths, described):
             ow.append_data_file(df)
 
 

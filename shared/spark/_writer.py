@@ -12,7 +12,9 @@
    and retry under the next number rather than overwrite its files. (Such
    attempts fail while reading their input, before they stage anything, so
    in practice the numbers do not meet.)
-3. publishes ``TaskFinished`` with the files (size, MD5) and the watermarks;
+3. publishes ``TaskFinished`` with the files (size, MD5, and the statistics
+   of each Parquet file from the footer just written, see
+   :mod:`._parquet_stats`) and the watermarks;
 4. yields one :class:`~._winners.TaskResult` (also for an empty partition), so
    the action's result holds exactly one winning attempt per task.
 
@@ -44,10 +46,11 @@ from typing import TYPE_CHECKING, Any
 
 from .._aio import TaskGroup
 from .._errors import BadInput, CommitfleetError, ConfigError, TransientError
-from ..events import StagedFile, TaskFinished, staged_key
+from ..events import FileStats, StagedFile, TaskFinished, staged_key
 from ..storage import ObjectStore
 from ._config import ProducerConfig
 from ._executor_runtime import process_runtime
+from ._parquet_stats import parquet_file_stats
 from ._partitions import split_table
 from ._publishing import publish
 from ._task_input import require_alive
@@ -167,20 +170,25 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _parquet_bytes(table: pa.Table, compression: str) -> bytes:
+def _parquet_bytes(table: pa.Table, compression: str) -> tuple[bytes, FileStats | None]:
+    """Return ``table`` as Parquet bytes and its statistics (None when the contract cannot carry them)."""
     import pyarrow.parquet as pq
 
     buf = io.BytesIO()
-    pq.write_table(table, buf, compression=compression)
-    return buf.getvalue()
+    # pq.write_table's own writer, kept: its metadata after close is the footer just written.
+    with pq.ParquetWriter(buf, table.schema, compression=compression) as writer:
+        writer.write_table(table)
+    return buf.getvalue(), parquet_file_stats(writer.writer.metadata)
 
 
 def encode_partition(
     rows: Iterable[Any], spec: WriteSpec, task: int
-) -> tuple[dict[str, bytes], dict[str, int]]:
-    """Return the partition's staged files (relative path -> Parquet bytes) and its watermarks.
+) -> tuple[dict[str, bytes], dict[str, FileStats], dict[str, int]]:
+    """Return the partition's staged files (relative path -> Parquet bytes), their statistics, its watermarks.
 
-    An empty partition gives no files.
+    An empty partition gives no files. A file the contract's statistics
+    cannot describe (a nested column, say: see :mod:`._parquet_stats`) has
+    none; the fleet then reads its footer when a table needs it.
 
     Raises:
         BadInput: a watermark function returned a bad value.
@@ -199,9 +207,13 @@ def encode_partition(
     table = pa.concat_tables(batches) if len(batches) > 1 else batches[0]
 
     files: dict[str, bytes] = {}
+    stats: dict[str, FileStats] = {}
     if table.num_rows:
         for folder, part in split_table(table, spec.partition_by):
-            files[folder + PART_NAME] = _parquet_bytes(part, spec.compression)
+            rel = folder + PART_NAME
+            files[rel], found = _parquet_bytes(part, spec.compression)
+            if found is not None:
+                stats[rel] = found
 
     wm = spec.watermarks
     marks: Mapping[str, int] = wm(task, table) if callable(wm) else (wm or {})
@@ -210,13 +222,19 @@ def encode_partition(
         if not isinstance(name, str) or not name or isinstance(value, bool) or not isinstance(value, int):
             raise BadInput(f"watermark {name!r}={value!r}: names are non-empty strings, values ints")
         checked[name] = value
-    return files, checked
+    return files, stats, checked
 
 
 async def upload_files(
-    store: ObjectStore, prefix_of: Callable[[str], str], files: Mapping[str, bytes], concurrency: int
+    store: ObjectStore,
+    prefix_of: Callable[[str], str],
+    files: Mapping[str, bytes],
+    concurrency: int,
+    stats: Mapping[str, FileStats] | None = None,
 ) -> list[StagedFile]:
     """Write every file create-if-absent, at most ``concurrency`` at once; return them as StagedFiles.
+
+    A file with an entry in ``stats`` carries it (``StagedFile.stats``).
 
     Raises (one error, never an ExceptionGroup: see :func:`one_error`):
         ConfigError: the store refused the configuration (e.g. no credentials).
@@ -234,7 +252,10 @@ async def upload_files(
         if info.size != len(data):
             raise TransientError(f"store reports {info.size} bytes for {rel}, wrote {len(data)}")
         staged[rel] = StagedFile(
-            path=rel, size=len(data), md5=hashlib.md5(data, usedforsecurity=False).hexdigest()
+            path=rel,
+            size=len(data),
+            md5=hashlib.md5(data, usedforsecurity=False).hexdigest(),
+            stats=(stats or {}).get(rel),
         )
 
     try:
@@ -305,7 +326,7 @@ def write_partition(spec: WriteSpec, rows: Iterable[Any]) -> Iterator[TaskResult
 
 
 def _stage_and_publish(spec: WriteSpec, rows: Iterable[Any], task: int, attempt: int) -> list[StagedFile]:
-    files, marks = encode_partition(rows, spec, task)
+    files, stats, marks = encode_partition(rows, spec, task)
     # The rows ended: at the end of the partition, or where a kill cut them.
     require_alive(task, attempt, "staging")
     runtime = process_runtime()
@@ -314,7 +335,7 @@ def _stage_and_publish(spec: WriteSpec, rows: Iterable[Any], task: int, attempt:
     def key_of(rel: str) -> str:
         return staged_key(spec.job, spec.dataset, task, attempt, rel)
 
-    staged = runtime.run(upload_files(store, key_of, files, spec.config.upload_concurrency))
+    staged = runtime.run(upload_files(store, key_of, files, spec.config.upload_concurrency, stats))
     event = TaskFinished(
         job=spec.job,
         dataset=spec.dataset,
