@@ -7,6 +7,9 @@ readers of a bound table's catalog (:func:`open_catalog`, :func:`load_table`, th
 See docs/commit.md; the commit pipeline reads top to bottom in ``_commit.py``.
 """
 
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_exports
 from ._abort import abort_dataset, cleanup_staged_attempt
 from ._audit import AuditReport, AuditViolation, ViolationKind, audit
 from ._bounded import for_each_bounded
@@ -54,7 +57,14 @@ from ._table_files import DescribedFile, data_file_from_stats
 from ._wal import CommitSequence, decode_sequence, encode_sequence, read_sequence
 from ._watermarks import AdvanceWatermarks, StreamMark, merge_watermarks, read_watermarks, read_watermarks_doc
 
+if TYPE_CHECKING:
+    from ._table_io import TableFileIO
+
+# Imports pyiceberg (the optional ``tables`` extra): loaded when pyiceberg asks for it by name.
+__getattr__ = lazy_exports(__name__, {"TableFileIO": "._table_io"})
+
 __all__ = [
+    "TableFileIO",
     "DescribedFile",
     "data_file_from_stats",
     "for_each_bounded",

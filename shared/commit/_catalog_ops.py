@@ -39,6 +39,12 @@ STREAM_APP_PROPERTY = "commitfleet.stream.app"
 STREAM_BATCH_PROPERTY = "commitfleet.stream.batch"
 STREAM_QUERY_PROPERTY = "commitfleet.stream.query"
 
+PY_IO_IMPL = "py-io-impl"
+TABLE_IO_IMPL = "shared.commit.TableFileIO"
+"""The table step's file IO (:mod:`._table_io`), as pyiceberg's ``py-io-impl`` names it."""
+INNER_IO_IMPL = "commitfleet.io-impl"
+"""The catalog property naming the file IO that :data:`TABLE_IO_IMPL` wraps (``py-io-impl`` form)."""
+
 _catalogs: dict[bytes, Catalog] = {}
 _catalogs_lock = threading.Lock()
 
@@ -53,6 +59,8 @@ def catalog_properties(settings: Settings, store_url: str) -> dict[str, str]:
     The warehouse defaults to the store's ``_tables/warehouse`` folder, and the
     file IO gets the store's S3 endpoint and region: the same store, the same
     credentials (the SDK's standard places: AWS env vars, profiles, roles).
+    The file IO is :data:`TABLE_IO_IMPL` around the one pyiceberg would use (a
+    ``py-io-impl`` of ``tables.properties`` moves to :data:`INNER_IO_IMPL`).
 
     Raises:
         CommitStepFailed: a SQL catalog without ``uri`` on a store that is not local.
@@ -75,6 +83,12 @@ def catalog_properties(settings: Settings, store_url: str) -> dict[str, str]:
         if settings.store.s3_region:
             props["s3.region"] = settings.store.s3_region
     props.update(t.properties)
+    # The table's file IO keeps its metadata files in memory (see _table_io), around the IO
+    # pyiceberg would have used: the one configured, else its pick for the location.
+    inner = props.pop(PY_IO_IMPL, None)
+    if inner and inner != TABLE_IO_IMPL:
+        props[INNER_IO_IMPL] = inner
+    props[PY_IO_IMPL] = TABLE_IO_IMPL
     return props
 
 
@@ -152,6 +166,37 @@ def _strict(tbl: Table) -> Table:
     )
 
 
+def _transaction(tbl: Table) -> Any:
+    """Return a transaction on ``tbl`` that works out its staged metadata once per staged change.
+
+    pyiceberg's ``Transaction.table_metadata`` applies the staged updates to a
+    deep copy of the table's whole metadata each time it is read, and an append
+    reads it about 17 times: with a few dozen snapshots in the table's history,
+    those copies were over half of the table step's CPU (docs/tables.md,
+    "Cost"). Its value only changes when a change is staged (``_updates`` is
+    then a new tuple), and no reader mutates it (pyiceberg's models are
+    frozen), so it is computed once per ``_updates`` and shared.
+    """
+    from pyiceberg.table import Transaction
+    from pyiceberg.table.update import update_table_metadata
+
+    class _Transaction(Transaction):
+        _staged: tuple[Any, Any] | None = None
+
+        @property
+        def table_metadata(self) -> Any:
+            updates = self._updates
+            if not updates:
+                return self._table.metadata  # nothing staged: the table's own (frozen) metadata
+            staged = self._staged
+            if staged is None or staged[0] is not updates:
+                staged = (updates, update_table_metadata(self._table.metadata, updates))
+                self._staged = staged
+            return staged[1]
+
+    return _Transaction(tbl)
+
+
 def _arrow_schema(tbl_io: Any, path: str) -> Any:
     import pyarrow.parquet as pq
 
@@ -215,7 +260,7 @@ def commit_files(
             txn: Any = cat.create_table_transaction(ident, schema)
             _append(txn, io, paths, props, described or {})
         else:
-            txn = _strict(tbl).transaction()
+            txn = _transaction(_strict(tbl))
             if mode == "overwrite":
                 _overwrite(tbl, txn, paths, props, described or {})
             else:

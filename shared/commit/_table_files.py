@@ -57,12 +57,14 @@ def data_files(
     from pyiceberg.utils.concurrent import ExecutorFactory
 
     built: dict[str, DataFile] = {}
-    for uri in uris:
-        known = described.get(uri)
-        if known is not None:
-            df = data_file_from_stats(metadata, uri, known.size, known.stats)
-            if df is not None:
-                built[uri] = df
+    if described:
+        table = _TableView(metadata)
+        for uri in uris:
+            known = described.get(uri)
+            if known is not None:
+                df = table.data_file(uri, known.size, known.stats)
+                if df is not None:
+                    built[uri] = df
     rest = [uri for uri in uris if uri not in built]
     if len(rest) == 1:
         built[rest[0]] = parquet_file_to_data_file(io, metadata, rest[0])
@@ -80,80 +82,104 @@ def data_file_from_stats(metadata: TableMetadata, uri: str, size: int, stats: Fi
         ValueError: the file's columns do not fit the table's schema (as
             ``parquet_file_to_data_file`` raises it).
     """
-    from pyiceberg.io.pyarrow import (
-        DataFileStatistics,
-        MetricModeTypes,
-        StatsAggregator,
-        compute_statistics_plan,
-    )
-    from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
-    from pyiceberg.schema import Schema, _check_schema_compatible
-    from pyiceberg.types import NestedField
+    return _TableView(metadata).data_file(uri, size, stats)
 
-    schema = metadata.schema()
-    if any("." in name for name in stats.columns):
-        return None  # a top-level name that reads like a nested path: leave it to the footer
-    fields = []
-    extra = []
-    for name, col in stats.columns.items():
-        try:
-            field_id = schema.find_field(name, case_sensitive=True).field_id
-        except ValueError:
-            extra.append(name)
-            continue
-        fields.append(NestedField(field_id, name, _iceberg_type(col.type), required=col.required))
-    if extra:
-        raise ValueError(
-            f"PyArrow table contains more columns: {', '.join(sorted(extra))}. "
-            "Update the schema first (hint, use union_by_name)."
+
+class _TableView:
+    """What describing files to one table needs, worked out once for all of a commit's files.
+
+    The schema, its statistics plan (the metrics mode of each column), and the
+    file schemas already checked against the table's (a job's files share
+    theirs): pyiceberg works each out again for every file it reads.
+    """
+
+    def __init__(self, metadata: TableMetadata) -> None:
+        from pyiceberg.io.pyarrow import compute_statistics_plan
+
+        self.metadata = metadata
+        self.schema = metadata.schema()
+        self.plan = compute_statistics_plan(self.schema, metadata.properties)
+        self.spec = metadata.spec()
+        self._checked: dict[tuple[tuple[str, str, bool], ...], list[Any]] = {}
+
+    def fields(self, stats: FileStats) -> list[Any]:
+        """Return the file's columns as fields of the table's ids. Raises ValueError as pyiceberg does."""
+        from pyiceberg.schema import Schema, _check_schema_compatible
+        from pyiceberg.types import NestedField
+
+        key = tuple((name, col.type, col.required) for name, col in stats.columns.items())
+        found = self._checked.get(key)
+        if found is not None:
+            return found
+        fields = []
+        extra = []
+        for name, col in stats.columns.items():
+            try:
+                field_id = self.schema.find_field(name, case_sensitive=True).field_id
+            except ValueError:
+                extra.append(name)
+                continue
+            fields.append(NestedField(field_id, name, _iceberg_type(col.type), required=col.required))
+        if extra:
+            raise ValueError(
+                f"PyArrow table contains more columns: {', '.join(sorted(extra))}. "
+                "Update the schema first (hint, use union_by_name)."
+            )
+        _check_schema_compatible(self.schema, Schema(*fields))
+        self._checked[key] = fields
+        return fields
+
+    def data_file(self, uri: str, size: int, stats: FileStats) -> DataFile | None:
+        """Return the file's data file, or None when the stats cannot give it (see data_file_from_stats)."""
+        from pyiceberg.io.pyarrow import DataFileStatistics, MetricModeTypes, StatsAggregator
+        from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+
+        if any("." in name for name in stats.columns):
+            return None  # a top-level name that reads like a nested path: leave it to the footer
+        column_sizes: dict[int, int] = {}
+        value_counts: dict[int, int] = {}
+        null_counts: dict[int, int] = {}
+        aggregates: dict[int, StatsAggregator] = {}
+        for f in self.fields(stats):
+            col = stats.columns[f.name]
+            planned = self.plan[f.field_id]
+            column_sizes[f.field_id] = col.size
+            if planned.mode.type == MetricModeTypes.NONE:
+                continue
+            value_counts[f.field_id] = col.values
+            if col.nulls is not None:
+                null_counts[f.field_id] = col.nulls
+            if planned.mode.type == MetricModeTypes.COUNTS or (col.lower is None and col.upper is None):
+                continue
+            if (col.lower_cut or col.upper_cut) and not _cut_serves(planned.mode.length):
+                return None
+            agg = StatsAggregator(planned.iceberg_type, _physical(f.field_type), planned.mode.length)
+            if col.lower is not None:
+                agg.update_min(decode_bound(col.type, col.lower))
+            if col.upper is not None:
+                agg.update_max(decode_bound(col.type, col.upper))
+            aggregates[f.field_id] = agg
+        statistics = DataFileStatistics(
+            record_count=stats.rows,
+            column_sizes=column_sizes,
+            value_counts=value_counts,
+            null_value_counts=null_counts,
+            nan_value_counts={},
+            column_aggregates=aggregates,
+            split_offsets=list(stats.offsets),
         )
-    _check_schema_compatible(schema, Schema(*fields))
-
-    plan = compute_statistics_plan(schema, metadata.properties)
-    column_sizes: dict[int, int] = {}
-    value_counts: dict[int, int] = {}
-    null_counts: dict[int, int] = {}
-    aggregates: dict[int, StatsAggregator] = {}
-    for f in fields:
-        col = stats.columns[f.name]
-        planned = plan[f.field_id]
-        column_sizes[f.field_id] = col.size
-        if planned.mode.type == MetricModeTypes.NONE:
-            continue
-        value_counts[f.field_id] = col.values
-        if col.nulls is not None:
-            null_counts[f.field_id] = col.nulls
-        if planned.mode.type == MetricModeTypes.COUNTS or (col.lower is None and col.upper is None):
-            continue
-        if (col.lower_cut or col.upper_cut) and not _cut_serves(planned.mode.length):
-            return None
-        agg = StatsAggregator(planned.iceberg_type, _physical(f.field_type), planned.mode.length)
-        if col.lower is not None:
-            agg.update_min(decode_bound(col.type, col.lower))
-        if col.upper is not None:
-            agg.update_max(decode_bound(col.type, col.upper))
-        aggregates[f.field_id] = agg
-    statistics = DataFileStatistics(
-        record_count=stats.rows,
-        column_sizes=column_sizes,
-        value_counts=value_counts,
-        null_value_counts=null_counts,
-        nan_value_counts={},
-        column_aggregates=aggregates,
-        split_offsets=list(stats.offsets),
-    )
-    return DataFile.from_args(
-        content=DataFileContent.DATA,
-        file_path=uri,
-        file_format=FileFormat.PARQUET,
-        partition=statistics.partition(metadata.spec(), schema),
-        file_size_in_bytes=size,
-        sort_order_id=None,
-        spec_id=metadata.default_spec_id,
-        equality_ids=None,
-        key_metadata=None,
-        **statistics.to_serialized_dict(),
-    )
+        return DataFile.from_args(
+            content=DataFileContent.DATA,
+            file_path=uri,
+            file_format=FileFormat.PARQUET,
+            partition=statistics.partition(self.spec, self.schema),
+            file_size_in_bytes=size,
+            sort_order_id=None,
+            spec_id=self.metadata.default_spec_id,
+            equality_ids=None,
+            key_metadata=None,
+            **statistics.to_serialized_dict(),
+        )
 
 
 def _cut_serves(length: int | None) -> bool:
