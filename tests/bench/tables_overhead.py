@@ -60,6 +60,9 @@ def iceberg_step(job: ParquetJob, first: bool) -> CommitStep:
     return step
 
 
+HOW = ("footer", "stats")
+"""How the bound kinds describe their files (``--footer-only``: the code before statistics travelled)."""
+
 FORMATS: dict[str, StepOf] = {"iceberg": iceberg_step}
 """Table formats measured, by name (the delta branch adds ``"delta"``)."""
 
@@ -81,7 +84,7 @@ def bench_settings(target: StoreTarget, tmp: Path, latency_ms: float, p99_ms: fl
 
 async def bench(target: StoreTarget, settings: Settings, commits: int, tasks: int) -> dict[str, float]:
     """Return the median seconds of a commit of each kind on ``target``."""
-    kinds = ["unbound"] + [f"{name}-{how}" for name in FORMATS for how in ("footer", "stats")]
+    kinds = ["unbound"] + [f"{name}-{how}" for name in FORMATS for how in HOW]
     times: dict[str, list[float]] = {k: [] for k in kinds}
     async with open_store(target.url, settings.store) as store:
         for name, step_of in FORMATS.items():
@@ -110,7 +113,11 @@ def main() -> None:
     ap.add_argument("--stores", default="local,latency", help="comma-separated: local, latency, s3")
     ap.add_argument("--latency-ms", type=float, default=20.0)
     ap.add_argument("--latency-p99-ms", type=float, default=100.0)
+    ap.add_argument("--footer-only", action="store_true", help="no stats kind (to run on an older checkout)")
     args = ap.parse_args()
+    if args.footer_only:
+        global HOW
+        HOW = ("footer",)
     os.environ.update(DUMMY_AWS_ENV)
     stores = args.stores.split(",")
     shm = Path("/dev/shm")

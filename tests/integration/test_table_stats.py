@@ -18,11 +18,12 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from shared.commit import commit_dataset, data_file_from_stats, load_table, open_catalog
+from shared.commit import commit_dataset, data_file_from_stats, load_table, open_catalog, table_step
 from shared.events import (
     MAX_BOUND_CHARS,
     FileStats,
@@ -36,7 +37,7 @@ from shared.events import (
 from shared.spark import parquet_file_stats
 from tests._support.commit import ManualLease
 from tests._support.emulators import MakeTarget
-from tests._support.tables import stage_parquet_job, table_settings
+from tests._support.tables import job_snapshots, stage_parquet_job, table_settings
 
 DATA_FILE_FIELDS = (
     "content",
@@ -265,3 +266,34 @@ async def test_a_commit_with_stats_lands_the_same_manifest_entries_as_one_withou
     assert len(entries[True]) == 3
     assert entries[True] == entries[False]
     assert all(e["lower_bounds"] and e["record_count"] == 5 for e in entries[True])
+
+
+async def test_a_file_unlike_its_report_is_quarantined_before_its_stats_are_used(
+    tmp_path: Path, make_target: MakeTarget
+) -> None:
+    """A staged file whose size or MD5 differs from its report publishes nothing and touches no table."""
+    target = make_target("local")
+    settings = table_settings(target, tmp_path)
+    async with target.open() as store:
+        first = await stage_parquet_job(store, "orders", "job-1", stats=True)
+        step = first.step(TableBinding(table="lake.orders", mode="create"))
+        res = await commit_dataset(store, first.req, ManualLease("orders", 1), settings, extra_steps=[step])
+        assert res.ok
+        for lie in ("size", "md5"):
+            dataset = f"orders_{lie}"
+            job = await stage_parquet_job(store, dataset, "job-2", stats=True)
+            w = job.req.winners[0]
+            f = w.files[0]
+            told = (
+                msgspec.structs.replace(f, size=f.size + 1)
+                if lie == "size"
+                else msgspec.structs.replace(f, md5="0" * 32)
+            )
+            winners = [msgspec.structs.replace(w, files=[told]), *job.req.winners[1:]]
+            req = msgspec.structs.replace(job.req, winners=winners)
+            bad = table_step(req, TableBinding(table="lake.orders"))
+            assert bad.described  # the lying file's stats are in the step
+            res = await commit_dataset(store, req, ManualLease(dataset, 1), settings, extra_steps=[bad])
+            assert res.status == "quarantined" and res.quarantined is not None, res
+            assert job_snapshots(settings, store.url, "lake.orders") == [("orders", "job-1")]
+            assert [info.key async for info in store.list(f"{dataset}/") if "~" in info.key] == []
