@@ -135,6 +135,16 @@ class FileStats(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only
 
 def type_params(type_name: str) -> tuple[str, int, int] | None:
     """Return ``(kind, a, b)`` of a known type (decimal: precision, scale; fixed: length), else None."""
+    found = _KNOWN_TYPES.get(type_name)
+    if found is not None:
+        return found
+    params = _type_params(type_name)
+    if params is not None and len(_KNOWN_TYPES) < _MAX_KNOWN_TYPES:
+        _KNOWN_TYPES[type_name] = params
+    return params
+
+
+def _type_params(type_name: str) -> tuple[str, int, int] | None:
     if type_name in _PLAIN_TYPES:
         return type_name, 0, 0
     m = _DECIMAL_TYPE.fullmatch(type_name)
@@ -145,6 +155,11 @@ def type_params(type_name: str) -> tuple[str, int, int] | None:
     if m is not None and int(m[1]) >= 1:
         return "fixed", int(m[1]), 0
     return None
+
+
+# Types seen, parsed once (intake checks every column of every file): valid names only, bounded.
+_KNOWN_TYPES: dict[str, tuple[str, int, int]] = {}
+_MAX_KNOWN_TYPES: Final = 4096
 
 
 def decode_bound(type_name: str, value: bool | int | float | str) -> Any:
@@ -212,7 +227,7 @@ def _decode_text(kind: str, a: int, b: int, value: str) -> Any:
 _ISO_TIME: Final = re.compile(r"\d{2}:\d{2}:\d{2}(\.\d{1,6})?")
 _ISO_TS: Final = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,6})?")
 _ISO_TSTZ: Final = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,6})?([+-]\d{2}:\d{2}|Z)")
-_DECIMAL_TEXT: Final = re.compile(r"-?\d{1,38}(\.\d{1,38})?")
+_DECIMAL_TEXT: Final = re.compile(r"-?(\d{1,38})(?:\.(\d{1,38}))?")
 
 
 def _iso(value: str, length: int) -> str:
@@ -226,19 +241,18 @@ def _bad(value: str, kind: str) -> Any:
 
 
 def _decimal(value: str, precision: int, scale: int) -> Decimal:
-    if _DECIMAL_TEXT.fullmatch(value) is None:
+    m = _DECIMAL_TEXT.fullmatch(value)
+    if m is None:
         raise ValueError(f"{shown(value, 40)} is not a decimal bound")
-    try:
-        d = Decimal(value)
-    except InvalidOperation:
-        raise ValueError(f"{shown(value, 40)} is not a decimal bound") from None
-    digits = d.as_tuple()
-    exponent = digits.exponent
-    if not isinstance(exponent, int) or -exponent != scale:
+    whole, fraction = m[1], m[2] or ""
+    if len(fraction) != scale:
         raise ValueError(f"{shown(value, 40)} has not the scale of decimal({precision},{scale})")
-    if len(digits.digits) > precision and any(digits.digits):
+    if len(whole.lstrip("0")) + scale > precision:
         raise ValueError(f"{shown(value, 40)} has more than {precision} digits")
-    return d
+    try:
+        return Decimal(value)
+    except InvalidOperation:  # pragma: no cover - the pattern admits only plain decimals
+        raise ValueError(f"{shown(value, 40)} is not a decimal bound") from None
 
 
 def encode_bound(type_name: str, value: Any) -> bool | int | float | str:
@@ -304,47 +318,56 @@ def check_file_stats(stats: FileStats, size: int, where: str) -> None:
             )
         last = offset
     for name, col in stats.columns.items():
-        _check_column(col, f"{where}.columns[{shown(name, 40)}]")
+        try:
+            _check_column(col)
+        except _Bad as bad:
+            at = f"{where}.columns[{shown(name, 40)}]{bad.field}"
+            raise InvalidMessage("schema", f"{bad.args[0]} - at `{at}`") from None
 
 
-def _check_column(col: ColumnStats, where: str) -> None:
+class _Bad(Exception):
+    """A column's statistics are malformed: what, and the field (``.lower``...) where."""
+
+    def __init__(self, what: str, field: str = "") -> None:
+        super().__init__(what)
+        self.field = field
+
+
+def _check_column(col: ColumnStats) -> None:
+    """Return when the column's statistics are well formed. Raises _Bad."""
     params = type_params(col.type)
     if params is None:
-        raise InvalidMessage("schema", f"unknown column type {shown(col.type, 40)} - at `{where}.type`")
+        raise _Bad(f"unknown column type {shown(col.type, 40)}", ".type")
     if col.nulls is not None and col.nulls > col.values:
-        raise InvalidMessage("schema", f"{col.nulls} nulls of {col.values} values - at `{where}.nulls`")
-    text = params[0] in ("string", "binary")
-    bounds = []
-    for side, value, cut in (("lower", col.lower, col.lower_cut), ("upper", col.upper, col.upper_cut)):
-        if value is None:
-            if cut:
-                raise InvalidMessage("schema", f"{side}_cut without a {side} bound - at `{where}.{side}_cut`")
-            continue
-        try:
-            bound = decode_bound(col.type, value)
-        except ValueError as exc:
-            raise InvalidMessage("schema", f"{exc} - at `{where}.{side}`") from None
-        if cut and not text:
-            raise InvalidMessage(
-                "schema", f"a {col.type} column's bounds cannot be cut - at `{where}.{side}_cut`"
-            )
-        if text and (_length(bound) > MAX_BOUND_CHARS or (cut and _length(bound) != MAX_BOUND_CHARS)):
-            raise InvalidMessage(
-                "schema",
-                f"a bound is at most {MAX_BOUND_CHARS} characters or bytes, exactly that many when cut"
-                f" - at `{where}.{side}`",
-            )
-        bounds.append(bound)
-    if len(bounds) == 2 and _greater(bounds[0], bounds[1]):
-        raise InvalidMessage("schema", f"the lower bound is above the upper bound - at `{where}`")
+        raise _Bad(f"{col.nulls} nulls of {col.values} values", ".nulls")
+    text = params[0] == "string" or params[0] == "binary"
+    lower = upper = None
+    if col.lower is not None:
+        lower = _bound(col.type, col.lower, col.lower_cut, text, "lower")
+    elif col.lower_cut:
+        raise _Bad("lower_cut without a lower bound", ".lower_cut")
+    if col.upper is not None:
+        upper = _bound(col.type, col.upper, col.upper_cut, text, "upper")
+    elif col.upper_cut:
+        raise _Bad("upper_cut without an upper bound", ".upper_cut")
+    if lower is not None and upper is not None and _greater(lower, upper):
+        raise _Bad("the lower bound is above the upper bound")
 
 
-def _length(bound: Any) -> int:
-    return len(bound) if isinstance(bound, str | bytes) else 0
+def _bound(type_name: str, value: bool | int | float | str, cut: bool, text: bool, side: str) -> Any:
+    try:
+        bound = decode_bound(type_name, value)
+    except ValueError as exc:
+        raise _Bad(str(exc), f".{side}") from None
+    if cut and not text:
+        raise _Bad(f"a {type_name} column's bounds cannot be cut", f".{side}_cut")
+    if text and (len(bound) > MAX_BOUND_CHARS or (cut and len(bound) != MAX_BOUND_CHARS)):
+        raise _Bad(f"a bound is at most {MAX_BOUND_CHARS} characters or bytes, as many when cut", f".{side}")
+    return bound
 
 
 def _greater(lower: Any, upper: Any) -> bool:
-    if isinstance(lower, float) and (math.isnan(lower) or math.isnan(upper)):
+    if type(lower) is float and (math.isnan(lower) or math.isnan(upper)):
         return False  # a NaN bound orders with nothing
     # Strings compare by code point, which is Iceberg's order (their UTF-8 bytes).
     return bool(lower > upper)
