@@ -15,7 +15,7 @@ files), ``latency`` (local files under /dev/shm when there is one, every
 store request delayed by the lognormal model of ``--latency-ms`` /
 ``--latency-p99-ms``, the fleet's requests through ``store.model_latency_ms``
 and the table's through pyiceberg's file IO with the same model,
-:mod:`tests.bench._latency_iceberg`; the catalog's SQLite calls are not
+:mod:`tests._support.latency_iceberg`; the catalog's SQLite calls are not
 delayed), ``s3`` (the moto emulator). Prints the median commit time of each
 kind and the ratios to ``unbound``::
 
@@ -45,9 +45,8 @@ from shared.settings import Settings, StoreSettings, TablesSettings
 from shared.storage import open_store
 from tests._support.commit import ManualLease, fast_settings
 from tests._support.emulators import DUMMY_AWS_ENV, StoreTarget, create_bucket, start_emulator
+from tests._support.latency_iceberg import LATENCY_MS, LATENCY_P99_MS
 from tests._support.tables import ParquetJob, stage_parquet_job
-
-from ._latency_iceberg import LATENCY_MS, LATENCY_P99_MS
 
 TABLE = "bench.orders"
 
@@ -73,7 +72,7 @@ def bench_settings(target: StoreTarget, tmp: Path, latency_ms: float, p99_ms: fl
     props: dict[str, str] = {}
     if latency_ms > 0:
         props = {
-            "py-io-impl": "tests.bench._latency_iceberg.LatencyFileIO",
+            "py-io-impl": "tests._support.latency_iceberg.LatencyFileIO",
             LATENCY_MS: str(latency_ms),
             LATENCY_P99_MS: str(p99_ms),
         }
