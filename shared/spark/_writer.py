@@ -44,9 +44,11 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from .._aio import TaskGroup
 from .._errors import BadInput, CommitfleetError, ConfigError, TransientError
-from ..events import FileStats, StagedFile, TaskFinished, staged_key
+from ..events import FileStats, StagedFile, TaskFinished, encode_event, staged_key
 from ..storage import ObjectStore
 from ._config import ProducerConfig
 from ._executor_runtime import process_runtime
@@ -66,6 +68,10 @@ Watermarks = Mapping[str, int] | WatermarkFn | None
 """Per-task watermarks: the same mapping for every task, or a function of the task's data."""
 
 PART_NAME = "part-0.parquet"
+
+STATS_EVENT_BUDGET = 256 * 1024
+"""A ``TaskFinished`` with its files' statistics over this many bytes (a quarter of the fleet's
+default size limit) is sent without them: the fleet then reads those footers."""
 
 
 class InjectedTaskFailure(CommitfleetError):
@@ -336,31 +342,58 @@ def _stage_and_publish(spec: WriteSpec, rows: Iterable[Any], task: int, attempt:
         return staged_key(spec.job, spec.dataset, task, attempt, rel)
 
     staged = runtime.run(upload_files(store, key_of, files, spec.config.upload_concurrency, stats))
-    event = TaskFinished(
-        job=spec.job,
-        dataset=spec.dataset,
-        task=task,
-        attempt=attempt,
-        files=staged,
-        watermarks=marks,
-        finished_at=time.time(),
-    )
+    event = task_finished(spec.job, spec.dataset, task, attempt, staged, marks, time.time())
     # A kill during the upload: the partition was whole, but Spark has
     # discarded this attempt; its staged files are the fleet's to clean up.
     require_alive(task, attempt, "publishing")
     publish(spec.config, event)
-    return staged
+    return [_bare(f) for f in staged]  # the driver needs no statistics
+
+
+def task_finished(
+    job: str,
+    dataset: str,
+    task: int,
+    attempt: int,
+    staged: list[StagedFile],
+    marks: Mapping[str, int],
+    finished_at: float,
+) -> TaskFinished:
+    """Return the attempt's ``TaskFinished``: its files with their statistics, unless that is too big.
+
+    Statistics are an optimisation, never the reason an event goes over the
+    fleet's size limit: an event they would make larger than
+    :data:`STATS_EVENT_BUDGET` carries none (the fleet reads those footers).
+    """
+    event = TaskFinished(
+        job=job,
+        dataset=dataset,
+        task=task,
+        attempt=attempt,
+        files=staged,
+        watermarks=dict(marks),
+        finished_at=finished_at,
+    )
+    if any(f.stats is not None for f in staged) and len(encode_event(event)) > STATS_EVENT_BUDGET:
+        return msgspec.structs.replace(event, files=[_bare(f) for f in staged])
+    return event
+
+
+def _bare(f: StagedFile) -> StagedFile:
+    return f if f.stats is None else msgspec.structs.replace(f, stats=None)
 
 
 __all__ = [
     "InjectedTaskFailure",
     "PART_NAME",
+    "STATS_EVENT_BUDGET",
     "WatermarkFn",
     "Watermarks",
     "WriteSpec",
     "encode_partition",
     "max_watermark",
     "one_error",
+    "task_finished",
     "rows_to_table",
     "upload_files",
     "watermark_int",

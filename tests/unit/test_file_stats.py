@@ -178,3 +178,25 @@ def test_the_writer_sums_row_groups_and_leaves_out_what_a_row_group_lacks() -> N
     assert (a.values, a.nulls, a.lower, a.upper) == (10, 0, 0, 9)
     assert (b.values, b.nulls, b.lower, b.upper) == (10, None, None, None)  # no statistics written for b
     assert decode_event(event(stats, size=len(buf.getvalue())), sig=None, limits=ValidationLimits())
+
+
+def test_the_writer_leaves_the_stats_out_of_an_event_they_would_make_too_big() -> None:
+    from shared.spark._writer import STATS_EVENT_BUDGET, task_finished
+
+    one = FileStats(
+        rows=1,
+        offsets=[4],
+        columns={
+            f"column_{i}": ColumnStats(type="string", values=1, size=9, lower="a" * 60) for i in range(200)
+        },
+    )
+    few = [StagedFile(path=f"k={i}/part-0.parquet", size=1000, stats=one) for i in range(2)]
+    small = task_finished("j", "d", 0, 0, few, {}, 1.0)
+    assert all(f.stats == one for f in small.files)
+    many = [StagedFile(path=f"k={i}/part-0.parquet", size=1000, stats=one) for i in range(40)]
+    assert len(
+        encode_event(TaskFinished(job="j", dataset="d", task=0, attempt=0, files=many, finished_at=1.0))
+    ) > (STATS_EVENT_BUDGET)
+    big = task_finished("j", "d", 0, 0, many, {"w": 1}, 1.0)
+    assert [f.path for f in big.files] == [f.path for f in many] and all(f.stats is None for f in big.files)
+    assert big.watermarks == {"w": 1} and len(encode_event(big)) < STATS_EVENT_BUDGET
