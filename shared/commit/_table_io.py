@@ -12,7 +12,9 @@ a dataset's commits run on its shard's owner, which wrote the table's
 latest metadata itself when it committed the dataset's previous job.
 
 Only what a name can settle is answered from memory (content, size, and
-existence of a file seen); everything else goes to the store: the catalog's
+existence of a file seen; a new metadata file's name carries a fresh random
+UUID, so it is written without asking first whether it exists); everything
+else goes to the store: the catalog's
 pointer to the current metadata (the commit's point of truth) is never
 kept, data files (Parquet) pass straight through, and a name not seen is
 always asked for. At most :data:`MAX_FILE_BYTES` a file and
@@ -26,6 +28,7 @@ configured, else pyiceberg's choice for the location's scheme).
 from __future__ import annotations
 
 import io
+import re
 import threading
 from collections import OrderedDict
 from typing import Any, Final
@@ -38,6 +41,9 @@ from ._catalog_ops import INNER_IO_IMPL, PY_IO_IMPL
 MAX_FILE_BYTES: Final = 8 * 1024 * 1024
 MAX_CACHE_BYTES: Final = 64 * 1024 * 1024
 _METADATA_SUFFIXES: Final = (".metadata.json", ".avro")
+_FRESH_NAME: Final = re.compile(
+    r"/[0-9]{5,}-[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}\.metadata\.json\Z"
+)
 
 
 class _Kept:
@@ -143,7 +149,9 @@ class _KeptOutput(OutputFile):
         return _KeptInput(self._inner.to_input_file())
 
     def create(self, overwrite: bool = False) -> OutputStream:
-        if not overwrite and self.exists():
+        # A name that carries a fresh random UUID (pyiceberg's metadata files: <version>-<uuid>.metadata.json)
+        # cannot exist yet: asking the store (a HEAD, one more round trip before the commit) guards nothing.
+        if not overwrite and not _FRESH_NAME.search(self.location) and self.exists():
             raise FileExistsError(f"Cannot create file, already exists: {self.location}")
         # Checked above; the write itself replaces (pyiceberg's local IO would check again).
         stream: Any = _KeepOnClose(self._inner, overwrite=True)
