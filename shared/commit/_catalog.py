@@ -9,12 +9,14 @@ touches the table.
 Done means: a snapshot of the table carries this job's ``commitfleet.job``
 and ``commitfleet.dataset`` properties. ``ensure`` reads the table, and when
 the job is not there, commits one transaction based on that read
-(``append``: pyiceberg ``add_files``; ``create``: the table created from the
+(``append``: as pyiceberg's ``add_files``; ``create``: the table created from the
 first file's Parquet schema together with the append, so a job that never
 gets here leaves no table; ``overwrite``: every current data file replaced by
 the job's, in one snapshot). A stale holder and a new one can never both land:
 the later commit fails the catalog's requirement, re-reads, and finds the job
-done (see :mod:`._catalog_ops`).
+done (see :mod:`._catalog_ops`). The files' data files are built from the
+statistics their producers sent (``described``, kept in the log with the
+step), else from their footers as ``add_files`` does (:mod:`._table_files`).
 
 pyiceberg blocks; its calls run in a thread. On cancel the step waits (up to
 ``tables.call_timeout``) for the call in flight, so a holder that stopped
