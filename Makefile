@@ -1,5 +1,5 @@
 # The two commands of the README: `make demo` and `make test`.
-.PHONY: demo test lint typecheck check stress chaos streaming bench bootstrap schema spark-cluster redis-cluster redis-ha
+.PHONY: demo test lint typecheck check stress chaos streaming bench bootstrap schema spark-cluster redis-cluster redis-ha k8s-manifests
 
 VENV := .venv/bin
 
@@ -48,3 +48,8 @@ bench: bootstrap
 
 schema: bootstrap
 	$(VENV)/python -m shared.events --write
+
+# The Helm chart (docker/helm/commitfleet) rendered by Helm's engine for the default values and each preset,
+# validated against the Kubernetes schemas, written to a new folder whose path is printed (DIR=... to choose).
+k8s-manifests: bootstrap
+	@$(VENV)/python -m tests._support.helm_render $(DIR)

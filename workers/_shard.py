@@ -92,6 +92,8 @@ log = logging.getLogger("workers.shard")
 
 # How often the runner looks at timeouts, operator requests and retention.
 TICK_S = 1.0
+# How long the board's last write after a drain may take (Redis slow or down) before the runner ends anyway.
+BOARD_FLUSH_TIMEOUT_S = 2.0
 
 
 class ShardRunner:
@@ -103,6 +105,7 @@ class ShardRunner:
         self.stopping = asyncio.Event()
         self._last_tick = 0.0
         self._last_trim = 0.0
+        self._stop_asked: float | None = None  # time.monotonic() of the first request_stop
         self._seen: dict[str, float] = {}  # job -> when its liveness key was last seen
         self.board = InFlightBoard(ctx.redis, ctx.keys, shard)
         # Dead letters keep any entry that was not oversized whole (docs/queue.md).
@@ -135,7 +138,9 @@ class ShardRunner:
         )
 
     def request_stop(self) -> None:
-        """Ask the runner to stop intake and drain (idempotent)."""
+        """Ask the runner to stop intake and drain (idempotent; the grace counts from the first ask)."""
+        if self._stop_asked is None:
+            self._stop_asked = time.monotonic()
         self.stopping.set()
         self.scheduler.wake()  # wakes an intake paused for room (Scheduler.wait_room)
 
@@ -181,14 +186,19 @@ class ShardRunner:
                 # completes is lost on Python 3.11, and the group would wait
                 # for the writer forever (the shard assigned here, served by nobody).
                 await cancel_until_done(writer)
-                await self.board.flush()  # what the drain ended leaves the board now
+                # What the drain ended leaves the board now; bounded, as the worker's exit waits for
+                # it (the board only informs: the next owner's session rewrites it).
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(BOARD_FLUSH_TIMEOUT_S):
+                        await self.board.flush()
         except* Fenced as eg:
             raise eg.exceptions[0] from None
         except* CommitfleetError as eg:
             raise eg.exceptions[0] from None
 
     async def _drain(self, dispatcher: asyncio.Task[None]) -> None:
-        """Give the shard's queued and running work ``drain_grace`` seconds, then cancel what is left.
+        """Give the shard's queued and running work what is left of ``drain_grace`` since the stop was
+        asked, then cancel what is left.
 
         The dispatcher goes on starting queued work meanwhile: work decided
         before the stop is tried before the shard is handed on, as far as the
@@ -199,15 +209,33 @@ class ShardRunner:
         """
         scheduler = self.scheduler
         if scheduler.queue.datasets:
+            grace = self._grace_left()
             log.info(
                 "draining shard",
-                extra=kv(shard=self.shard, queued=len(scheduler.queue), in_flight=len(scheduler.tasks)),
+                extra=kv(
+                    shard=self.shard,
+                    queued=len(scheduler.queue),
+                    in_flight=len(scheduler.tasks),
+                    grace_left_s=round(grace, 2),
+                ),
             )
-            await scheduler.settle(self.ctx.settings.worker.drain_grace)
+            await scheduler.settle(grace)
         await cancel_until_done(dispatcher)  # first: it must start nothing more
         # Each releases its lock on the way out; its WAL stays for the next owner.
         await scheduler.cancel_running()
         scheduler.forget_queued()
+
+    def _grace_left(self) -> float:
+        """Return the seconds left of ``worker.drain_grace`` since the stop was asked.
+
+        The grace counts from the ask, not from when the session ended (it
+        finishes the read and the batch under way first, which under load took
+        seconds): a worker's drain then fits ``drain_grace`` plus what follows.
+        """
+        grace = self.ctx.settings.worker.drain_grace
+        if self._stop_asked is None:
+            return grace
+        return max(0.0, grace - (time.monotonic() - self._stop_asked))
 
     async def _session(self) -> None:
         ctx = self.ctx
@@ -231,6 +259,8 @@ class ShardRunner:
         await self.board.keep_only({work_label(k) for k in self.scheduler.running})
         await self._consumer.ensure_group()
         await self._claim_others(forget_idle=True)
+        if self.stopping.is_set():
+            return  # stopped while starting: what was under way is resumed by the next owner
         await self._resume_work()
         after = b"0"
         while not self.stopping.is_set():
@@ -384,8 +414,10 @@ class ShardRunner:
             if ds.status in ("committing", "blocked")
         }
         seen: set[str] = set()
-        everything = await list_unfinished(self.ctx.store)
-        unfinished = [u for u in everything if shard_of(u.dataset, shards) == self.shard]
+        # Only this shard's logs are read (each log is one store read; every shard's were read before).
+        unfinished = await list_unfinished(
+            self.ctx.store, datasets=lambda ds: shard_of(ds, shards) == self.shard
+        )
         await record_quarantined(
             self.ctx, self.shard, {f"{q.dataset}/{q.job}": q.quarantined or "" for q in unfinished}
         )

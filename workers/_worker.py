@@ -12,10 +12,17 @@ phases:
 2. drain: in-flight commits and aborts get ``worker.drain_grace`` seconds to
    finish, then are cancelled (each releases its dataset lock, shielded; an
    interrupted commit stays in the WAL and the shard's next owner recovers it);
-3. hand back: each stopped shard is confirmed to the coordinator, so it can
-   move the shard at once instead of waiting for our lease to expire;
-4. leave: the membership lease is deleted, ``worker_left`` is published and
-   the clients are closed.
+3. hand back: every stopped shard is confirmed to the coordinator in one
+   write (at most ``HANDBACK_TIMEOUT_S``), so it can move the shards at once
+   instead of waiting for our lease to expire;
+4. leave: the membership lease is deleted, ``worker_left`` is published (each
+   at most ``LEAVE_TIMEOUT_S``) and the clients are closed (the Redis client
+   at most ``CLOSE_TIMEOUT_S``).
+
+Everything after the drain is bounded, so a worker exits within
+``worker.drain_grace`` plus a few seconds even with Redis down or hung; the
+log line ``worker shut down`` gives each phase's seconds. From the signal to
+the end of its drain, readiness (``/readyz``) fails and liveness holds.
 
 What ends only one shard, and what ends the process: a shard runner that
 raises a :class:`~shared.CommitfleetError` (fenced by a new owner, a shard set
@@ -42,6 +49,9 @@ import logging
 import os
 import socket
 import time
+from dataclasses import dataclass
+
+import redis.asyncio
 
 from shared import ConfigError, Fenced, Settings, TransientError, cancel_until_done, kv, nonce, run_shielded
 from shared.events import ValidationLimits, WorkerJoined, WorkerLeft
@@ -61,6 +71,10 @@ from shared.queue import AdminPublisher, Keys, connect, join_fleet
 from shared.storage import open_store
 
 from ._context import WorkerContext
+from ._core import Limits
+from ._health import HealthMonitor, WorkerStats
+from ._health_http import HealthServer
+from ._health_metrics import WorkerMetrics
 from ._heap import trim_heap_forever, tune_gc
 from ._probe import Probe, no_probe
 from ._runners import ShardRunners
@@ -72,6 +86,41 @@ FOLLOW_INTERVAL_S = 0.25
 # and how long leaving (deregister, worker_left) may take when Redis is slow or down.
 CRASH_SETTLE_S = 1.0
 LEAVE_TIMEOUT_S = 1.5
+# How long handing the shards back (phase 3, one Redis write) may take before the worker leaves anyway.
+HANDBACK_TIMEOUT_S = 2.0
+# How long closing the Redis client and the store may take at the very end.
+CLOSE_TIMEOUT_S = 2.0
+
+
+@dataclass(slots=True)
+class ShutdownPhases:
+    """When each shutdown phase ended (``time.monotonic()``; None: not reached), for the log line
+    ``worker shut down`` that gives each phase's seconds."""
+
+    asked: float | None = None
+    drained: float | None = None
+    handed_back: float | None = None
+    left: float | None = None
+    closed: float | None = None
+
+    def seconds(self) -> dict[str, float]:
+        """Return the seconds of each phase reached (``drain_s``, ``handback_s``, ``leave_s``,
+        ``close_s``) and of them all (``total_s``)."""
+        marks = [
+            ("drain_s", self.drained),
+            ("handback_s", self.handed_back),
+            ("leave_s", self.left),
+            ("close_s", self.closed),
+        ]
+        out: dict[str, float] = {}
+        before = self.asked
+        for name, at in marks:
+            if before is not None and at is not None:
+                out[name] = round(at - before, 3)
+                before = at
+        if self.asked is not None and self.closed is not None:
+            out["total_s"] = round(self.closed - self.asked, 3)
+        return out
 
 
 class Worker:
@@ -109,9 +158,24 @@ class Worker:
         self._runners = self._shards.by_shard  # shard -> (runner, task); the same dict, never replaced
         # Set when the worker starts leaving: its heartbeat must not bring it back.
         self._leaving = asyncio.Event()
+        w = settings.worker
+        # What the health endpoint judges from (recorded whether it is served or not).
+        self.health = HealthMonitor(
+            Limits(
+                lease=w.lease,
+                heartbeat=w.heartbeat,
+                max_loop_lag=w.max_loop_lag,
+                redis_timeout=settings.redis.socket_timeout,
+            )
+        )
+        self.health_port: int | None = None  # the bound port of the health endpoint, once serving
+        self._phases = ShutdownPhases()
 
     def shutdown(self) -> None:
         """Begin the phased shutdown (idempotent; returns at once)."""
+        self.health.stopping()
+        if self._phases.asked is None:
+            self._phases.asked = time.monotonic()
         self._stop.set()
 
     @property
@@ -119,8 +183,21 @@ class Worker:
         """Return the shards with a live runner."""
         return frozenset(s for s, (_r, t) in self._runners.items() if not t.done())
 
+    def stats(self) -> WorkerStats:
+        """Return the shards with a live runner, and the work running and queued in them (cheap)."""
+        runners = [r for r, t in self._runners.values() if not t.done()]
+        return WorkerStats(
+            shards_owned=len(runners),
+            inflight=sum(len(r.scheduler.tasks) for r in runners),
+            queued=sum(len(r.scheduler.queue) for r in runners),
+        )
+
     async def run(self) -> None:
         """Join the fleet and work until :meth:`shutdown`; then leave in phases.
+
+        With ``worker.http_port`` set, the health endpoint (:mod:`workers._health_http`)
+        and its loop ticker serve from before Redis is first reached until the worker
+        has left (through every shutdown phase: liveness holds while it drains).
 
         Returns without joining when shut down while waiting for Redis.
 
@@ -134,6 +211,24 @@ class Worker:
         Cancellation: treated like a shutdown without the grace period (runners
         are cancelled, locks released shielded, the lease deleted shielded).
         """
+        w = self.settings.worker
+        if not w.http_port:
+            await self._run()
+            return
+        server = HealthServer(
+            w.http_host, w.http_port, self.health, WorkerMetrics(self.worker_id, self.health, self.stats)
+        )
+        await server.start()  # a ConfigError before anything connects (exit 2)
+        self.health_port = server.port
+        ticker = asyncio.ensure_future(self.health.tick_forever())
+        try:
+            await self._run()
+        finally:
+            await run_shielded(server.stop())
+            await run_shielded(cancel_until_done(ticker))
+
+    async def _run(self) -> None:
+        """The body of :meth:`run` (same returns, raises and cancellation)."""
         s = self.settings
         redis_client = connect(s.redis, client_name=f"commitfleet-worker-{self.worker_id}")
         crashed: BaseException | None = None
@@ -145,6 +240,7 @@ class Worker:
                 if resolved is None:
                     log.info("stopped before joining the fleet", extra=kv(worker=self.worker_id))
                     return
+                self.health.reached()
                 self.settings = self._shards.settings = s = resolved
                 keys = Keys(s.fleet.name)
                 ctx = WorkerContext(
@@ -177,10 +273,14 @@ class Worker:
                     log.info("stopped before joining the fleet", extra=kv(worker=self.worker_id))
                     await run_shielded(self._leave(ctx, reason=None))
                     return
+                self.health.joined()
                 self.ready.set()
                 crashed = await self._work(ctx, started)
         finally:
-            await run_shielded(redis_client.aclose())
+            await run_shielded(_close_within(redis_client, CLOSE_TIMEOUT_S))
+            if self._phases.asked is not None and self._phases.drained is not None:
+                self._phases.closed = time.monotonic()
+                log.info("worker shut down", extra=kv(worker=self.worker_id, **self._phases.seconds()))
         if crashed is not None:
             raise ProcessCrashed(f"worker {self.worker_id} crashed: {crashed!r}") from crashed
 
@@ -245,6 +345,9 @@ class Worker:
                     process.start(ctx.notifier.run(), "lock release notices")
                 follower = process.start(self._follow(ctx, process), "assignment follower")
                 await self._stop.wait()
+                self.health.stopping()  # a shutdown, or a fatal error: not ready any more
+                if self._phases.asked is None:  # a fatal error, not a shutdown
+                    self._phases.asked = time.monotonic()
                 # Its reconcile steps are safe to interrupt: a shard it had not started yet
                 # is simply not started.
                 await cancel_until_done(follower)
@@ -262,6 +365,7 @@ class Worker:
             if not left:
                 # Phase 4, shielded: a cancelled worker still leaves cleanly.
                 await run_shielded(self._leave(ctx, reason="crashed" if process.crashed else "shutdown"))
+            self._phases.left = time.monotonic()
         return process.crashed
 
     def _on_fatal(self) -> None:
@@ -272,6 +376,7 @@ class Worker:
     async def _leave(self, ctx: WorkerContext, *, reason: str | None) -> None:
         """Deregister and publish ``worker_left`` (``reason`` None: deregister only); best effort, bounded."""
         self._leaving.set()
+        self.health.left()
         removed: bool | None = None  # None: unknown (Redis failed): announced here, as before
         try:
             async with asyncio.timeout(LEAVE_TIMEOUT_S):
@@ -304,26 +409,28 @@ class Worker:
                 return
             try:
                 info = worker_info(self.worker_id, started, self._instance)
-                if not await registry.renew(info, s.lease):
-                    if self._leaving.is_set():
-                        # The lease is gone because we deregistered: re-registering here
-                        # (a heartbeat whose cancellation was lost) would leave a member
-                        # behind that the coordinator later reports as a second worker_left.
-                        return
-                    # We were presumed dead (frozen, or cut off from Redis): our
-                    # shards may have moved; their owner tokens fence us.
-                    log.warning(
-                        "membership lease had expired; re-registering", extra=kv(worker=self.worker_id)
+                if await registry.renew(info, s.lease):
+                    self.health.renewed()
+                    continue
+                if self._leaving.is_set():
+                    # The lease is gone because we deregistered: re-registering here
+                    # (a heartbeat whose cancellation was lost) would leave a member
+                    # behind that the coordinator later reports as a second worker_left.
+                    return
+                # We were presumed dead (frozen, or cut off from Redis): our
+                # shards may have moved; their owner tokens fence us.
+                log.warning("membership lease had expired; re-registering", extra=kv(worker=self.worker_id))
+                holder = await registry.register(info, s.lease)
+                if holder is not None:
+                    # Another process took our id while we were presumed dead: it owns
+                    # our shards under the same owner tokens. Stop at once.
+                    raise Fenced(
+                        f"worker id {self.worker_id!r} was taken by another process (host {holder.host},"
+                        f" pid {holder.pid}) while this one was presumed dead; stopping"
                     )
-                    holder = await registry.register(info, s.lease)
-                    if holder is not None:
-                        # Another process took our id while we were presumed dead: it owns
-                        # our shards under the same owner tokens. Stop at once.
-                        raise Fenced(
-                            f"worker id {self.worker_id!r} was taken by another process (host {holder.host},"
-                            f" pid {holder.pid}) while this one was presumed dead; stopping"
-                        )
+                self.health.renewed()
             except TransientError as exc:
+                self.health.heartbeat_failed()
                 log.warning("heartbeat failed", extra=kv(error=str(exc)))
 
     async def _follow(self, ctx: WorkerContext, process: ProcessTasks) -> None:
@@ -345,13 +452,22 @@ class Worker:
                 await asyncio.wait_for(self._stop.wait(), FOLLOW_INTERVAL_S)
 
     async def _stop_all(self, ctx: WorkerContext, process: ProcessTasks) -> None:
+        """Phases 1-3: stop intake and drain every runner (``worker.drain_grace``), then hand every
+        shard back in one write bounded by :data:`HANDBACK_TIMEOUT_S` (Redis slow or down: the
+        coordinator moves the shards once our lease expires instead)."""
         shards = list(self._runners)
         await self._shards.wait_stopped(process)
-        for shard in shards:
-            if process.crashed is not None:
-                break  # a fatal error while draining: leave without handing back
-            with contextlib.suppress(TransientError):
-                await ctx.registry.confirm_stopped(shard, self.worker_id)
+        self._phases.drained = time.monotonic()
+        if process.crashed is None:  # a fatal error while draining: leave without handing back
+            try:
+                async with asyncio.timeout(HANDBACK_TIMEOUT_S):
+                    await ctx.registry.confirm_all_stopped(shards, self.worker_id)
+            except (TransientError, TimeoutError) as exc:
+                log.warning(
+                    "could not hand the shards back; they move when the lease expires",
+                    extra=kv(error=str(exc) or type(exc).__name__, shards=len(shards)),
+                )
+        self._phases.handed_back = time.monotonic()
         self._runners.clear()
 
 
@@ -375,6 +491,15 @@ async def run_worker(settings: Settings, *, worker_id: str | None = None) -> Non
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
             loop.remove_signal_handler(sig)
+
+
+async def _close_within(client: redis.asyncio.Redis, timeout: float) -> None:  # noqa: ASYNC109
+    """Close ``client``, giving up after ``timeout`` seconds (the process ends anyway)."""
+    try:
+        async with asyncio.timeout(timeout):
+            await client.aclose()
+    except TimeoutError:
+        log.warning("closing the Redis client timed out", extra=kv(timeout_s=timeout))
 
 
 def _gone(holder: WorkerInfo) -> bool:

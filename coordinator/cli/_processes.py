@@ -12,12 +12,19 @@ from ._common import ConfigOpt, run_or_exit, settings_or_exit
 def worker(
     config: ConfigOpt = None,
     worker_id: Annotated[str, typer.Option("--id", help="Worker id (default: host-pid-random).")] = "",
+    http_port: Annotated[
+        int | None,
+        typer.Option(help="Health endpoint port: /livez /readyz /startupz /metrics (0 = off)."),
+    ] = None,
 ) -> None:
     """Run a worker: owned shards -> event intake -> commit / abort / recovery."""
     from shared import configure_logging
     from workers import run_worker
 
-    s = settings_or_exit(config)
+    overrides: dict[str, Any] = {}
+    if http_port is not None:
+        overrides["worker"] = {"http_port": http_port}
+    s = settings_or_exit(config, overrides)
     configure_logging(s.log)
     run_or_exit(run_worker(s, worker_id=worker_id or None))
 

@@ -45,6 +45,7 @@ from ._catalog_ops import (
     load_table,
     open_catalog,
 )
+from ._delta import CommitToDelta, delta_step
 from ._model import CommitRequest
 from ._steps import CommitStep, Phase, StepContext
 from ._table_files import DescribedFile
@@ -181,15 +182,22 @@ def resolve_binding(
     if job_tables and dataset in job_tables:
         return job_tables[dataset]
     fleet = settings.tables.bindings.get(dataset)
-    return None if fleet is None else TableBinding(table=fleet.table, mode=fleet.mode)
+    if fleet is None:
+        return None
+    if fleet.delta:
+        return TableBinding(delta=True, mode=fleet.mode)
+    return TableBinding(table=fleet.table, mode=fleet.mode)
 
 
-def table_step(req: CommitRequest, binding: TableBinding) -> CommitToTable:
+def table_step(req: CommitRequest, binding: TableBinding) -> CommitToTable | CommitToDelta:
     """Return the table step of ``req``: its winners' published Parquet files (named as by plan_commit).
 
+    A Delta binding gets the Delta step (:mod:`._delta`), an Iceberg binding the catalog step.
     Files whose producer sent statistics carry them (with their size), so the
-    step describes them to the table without reading their footers.
+    Iceberg step describes them to the table without reading their footers.
     """
+    if binding.delta or binding.table is None:
+        return delta_step(req, binding)
     files: list[str] = []
     described: dict[str, DescribedFile] = {}
     for w in sorted(req.winners, key=lambda w: w.task):

@@ -53,9 +53,16 @@ def _split_wal_key(key: str) -> tuple[str, str] | None:
 
 
 async def list_unfinished(
-    store: ObjectStore, dataset: str | None = None, *, registry: StepRegistry | None = None
+    store: ObjectStore,
+    dataset: str | None = None,
+    *,
+    registry: StepRegistry | None = None,
+    datasets: Callable[[str], bool] | None = None,
 ) -> list[UnfinishedSequence]:
     """Return every log under ``_wal/`` (or ``_wal/<dataset>/``), oldest first.
+
+    ``datasets``: read only the logs of the datasets it returns True for (a
+    shard's owner reads its own shard's, not every shard's: one read each).
 
     Unreadable logs are returned with ``error`` set (and sort first: they
     block their dataset). Objects under ``_wal/`` that are not logs are ignored.
@@ -69,6 +76,8 @@ async def list_unfinished(
         if parsed is None:
             continue
         ds, job = parsed
+        if datasets is not None and not datasets(ds):
+            continue
         try:
             got = await read_wal(store, info.key, registry)
         except CommitStepFailed as exc:

@@ -284,6 +284,13 @@ class FleetRegistry:
         with redis_errors("confirm handoff"):
             await self._r.hset(self._handoff, str(shard), worker)
 
+    async def confirm_all_stopped(self, shards: list[int], worker: str) -> None:
+        """Record that ``worker`` stopped each of ``shards``, in one write (a worker leaving hands
+        back every shard it ran at once)."""
+        if shards:
+            with redis_errors("confirm handoffs"):
+                await self._r.hset(self._handoff, mapping={str(s): worker for s in shards})
+
     async def clear_confirmations(self, shards: list[int]) -> None:
         """Forget handoff confirmations of shards whose move completed."""
         if shards:

@@ -192,7 +192,7 @@ class CommitSettings(_Section, frozen=True):
 
 
 class WorkerSettings(_Section, frozen=True):
-    """A worker process: identity, lease, intake batching, concurrency, drain."""
+    """A worker process: identity, lease, intake batching, concurrency, drain, health endpoint."""
 
     id: str = ""
     lease: float = 15.0
@@ -212,10 +212,22 @@ class WorkerSettings(_Section, frozen=True):
     max_job_duration: float = 0.0
     # Seconds between two glibc malloc_trim(0) calls, which hand freed heap back to the OS (0 = never).
     malloc_trim_interval: float = 10.0
+    # The health endpoint (/livez, /readyz, /startupz, /metrics; workers/_health_http.py): its port (0 = off)
+    # and address. It carries no secret, so any address may be bound without a token.
+    http_port: int = 0
+    http_host: str = "127.0.0.1"
+    # /livez fails when the event loop fell this many seconds behind (a blocked or starved loop).
+    max_loop_lag: float = 5.0
 
     def __post_init__(self) -> None:
         if self.malloc_trim_interval < 0:
             raise ValueError("worker.malloc_trim_interval must be >= 0")
+        if not 0 <= self.http_port <= 65535:
+            raise ValueError("worker.http_port must be 0..65535 (0 = no health endpoint)")
+        if not self.http_host:
+            raise ValueError("worker.http_host must not be empty")
+        if self.max_loop_lag <= 0:
+            raise ValueError("worker.max_loop_lag must be > 0")
         if self.heartbeat * 3 > self.lease:
             raise ValueError("worker.heartbeat must be at most a third of worker.lease")
         if self.job_timeout <= 0 or self.max_job_duration < 0:
@@ -355,10 +367,14 @@ class LogSettings(_Section, frozen=True):
 
 
 class TableBindingSettings(_Section, frozen=True):
-    """A fleet-level binding of one dataset to an Iceberg table (``namespace.name``)."""
+    """A fleet-level binding of one dataset to an Iceberg table (``namespace.name``), or ``delta = true``.
 
-    table: str
+    With ``delta`` the dataset's own folder is a Delta Lake table and ``table`` stays empty.
+    """
+
+    table: str = ""
     mode: TableMode = "append"
+    delta: bool = False
 
 
 class TablesSettings(_Section, frozen=True):
@@ -389,6 +405,10 @@ class TablesSettings(_Section, frozen=True):
         if self.call_timeout <= 0:
             raise ValueError("tables.call_timeout must be > 0")
         for dataset, b in self.bindings.items():
+            if b.delta:
+                if b.table:
+                    raise ValueError(f"tables.bindings.{dataset}: give table or delta = true, not both")
+                continue
             if len(b.table.split(".")) < 2 or not all(b.table.split(".")):
                 raise ValueError(f"tables.bindings.{dataset}.table must be namespace.name, got {b.table!r}")
 

@@ -13,6 +13,9 @@ the product has no fault hook):
   ends; the worker must own two shards or more).
 - ``coordinator-step``: the leading coordinator's rebalance step raises
   ``RuntimeError("planted fault in the leader")``.
+- ``block-loop``: each SIGUSR2 blocks the process's event loop for
+  ``CF_TEST_BLOCK_S`` seconds (a Python signal handler runs on the loop's
+  thread and sleeps there: a loop stuck in synchronous code).
 
 (``ShardRunner._tick`` runs at the start of every shard session, then every second.)
 """
@@ -21,6 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
+import time
 
 from coordinator import Coordinator
 from workers._shard import ShardRunner
@@ -57,6 +62,9 @@ if FAULT in ("raise", "raise-and-hang"):
     ShardRunner._tick = _planted_tick  # type: ignore[method-assign]
 elif FAULT == "coordinator-step":
     Coordinator._step = _planted_step  # type: ignore[method-assign]
+elif FAULT == "block-loop":
+    _block_s = float(os.environ["CF_TEST_BLOCK_S"])
+    signal.signal(signal.SIGUSR2, lambda _sig, _frame: time.sleep(_block_s))
 else:
     raise SystemExit(f"unknown fault {FAULT!r}")
 

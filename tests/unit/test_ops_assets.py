@@ -13,9 +13,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from coordinator.admin._metrics import FleetMetrics
 from coordinator.admin._ui import ASSETS
+from workers._core import Limits
+from workers._health import HealthMonitor, WorkerStats
+from workers._health_metrics import WorkerMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
+# The dashboard's one copy: inside the Helm chart (its ConfigMap reads it), mounted by compose.
+DASHBOARD = DOCKER / "helm/commitfleet/files/grafana/commitfleet.json"
 STATUS: dict[str, Any] = {
     "fleet": "f",
     "counters": {},
@@ -37,14 +42,25 @@ def exposed() -> dict[str, str]:
     return out
 
 
+def worker_exposed() -> dict[str, str]:
+    """Return {metric name: type} of the commitfleet metrics a worker's /metrics exposes."""
+    limits = Limits(lease=15.0, heartbeat=3.0, max_loop_lag=5.0, redis_timeout=10.0)
+    text = WorkerMetrics("w1", HealthMonitor(limits), WorkerStats).render().decode()
+    return {f.name: f.type for f in text_string_to_metric_families(text) if f.name.startswith("commitfleet_")}
+
+
 def test_readme_documents_exactly_the_exposed_metrics() -> None:
     readme = (ROOT / "README.md").read_text()
     table = dict(re.findall(r"^\| `(commitfleet_[a-z_]+)` \| (counter|gauge|histogram) \|", readme, re.M))
-    assert table == exposed()
+    coordinator = {k: v for k, v in table.items() if not k.startswith("commitfleet_worker_")}
+    assert coordinator == exposed()
+    worker = {k: v for k, v in table.items() if k.startswith("commitfleet_worker_")}
+    assert worker == worker_exposed()
+    assert not any(k.startswith("commitfleet_worker_") for k in exposed())
 
 
 def test_dashboard_queries_only_exposed_metrics() -> None:
-    dash = json.loads((DOCKER / "grafana/dashboards/commitfleet.json").read_text())
+    dash = json.loads(DASHBOARD.read_text())
     names = exposed()
     used: set[str] = set()
     for panel in dash["panels"]:
@@ -64,11 +80,11 @@ def test_grafana_provisioning_points_at_the_dashboard() -> None:
     mounts = dict(v.removesuffix(":ro").split(":", 1) for v in grafana["volumes"])
     dashboards = yaml.safe_load((DOCKER / "grafana/provisioning/dashboards/commitfleet.yaml").read_text())
     path = dashboards["providers"][0]["options"]["path"]
-    assert mounts["./grafana/dashboards"] == path
+    assert mounts["./helm/commitfleet/files/grafana"] == path
     assert mounts["./grafana/provisioning"] == "/etc/grafana/provisioning"
     ds = yaml.safe_load((DOCKER / "grafana/provisioning/datasources/prometheus.yaml").read_text())
     uid = ds["datasources"][0]["uid"]
-    dash = json.loads((DOCKER / "grafana/dashboards/commitfleet.json").read_text())
+    dash = json.loads(DASHBOARD.read_text())
     assert {p["datasource"]["uid"] for p in dash["panels"]} == {uid}
     prom = yaml.safe_load((DOCKER / "prometheus/prometheus.yml").read_text())
     assert prom["scrape_configs"][0]["static_configs"][0]["targets"] == ["coordinator:8787"]

@@ -11,11 +11,13 @@ keeps it so). The runner's parts (``workers._intake``, ``workers._scheduler``,
 - :mod:`._tally`: how many of a dataset's tasks are in, kept exact incrementally.
 - :mod:`._work_queue`: the order work runs in (turns across jobs, one at a time per dataset).
 - :mod:`._liveness`: which jobs timed out, from when their drivers were last seen.
+- :mod:`._health`: the health endpoint's verdicts (``/livez``, ``/readyz``, ``/startupz``).
 """
 
 from __future__ import annotations
 
 from ._decide import all_tasks_in, decide
+from ._health import LAG_WINDOW_S, HealthMarks, Limits, Verdict, livez, readyz, startupz
 from ._jobstate import (
     COMMIT_OWNED,
     STATE_VERSION,
@@ -36,6 +38,7 @@ from ._work_queue import Queued, WorkQueue
 
 __all__ = [
     "COMMIT_OWNED",
+    "LAG_WINDOW_S",
     "STATE_VERSION",
     "TERMINAL",
     "Abort",
@@ -44,6 +47,8 @@ __all__ = [
     "CleanupAttempt",
     "Commit",
     "DatasetState",
+    "HealthMarks",
+    "Limits",
     "Decision",
     "Ended",
     "JobMeta",
@@ -55,6 +60,7 @@ __all__ = [
     "Status",
     "TaskTally",
     "TimedOut",
+    "Verdict",
     "Work",
     "WorkQueue",
     "all_tasks_in",
@@ -63,8 +69,11 @@ __all__ = [
     "count_in",
     "decide",
     "live_jobs",
+    "livez",
     "observe",
+    "readyz",
     "satisfies",
+    "startupz",
     "timed_out",
     "work_key",
 ]
