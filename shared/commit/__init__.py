@@ -8,6 +8,9 @@ of a Delta-bound dataset's log (:func:`read_state`).
 See docs/commit.md; the commit pipeline reads top to bottom in ``_commit.py``.
 """
 
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_exports
 from ._abort import abort_dataset, cleanup_staged_attempt
 from ._audit import AuditReport, AuditViolation, ViolationKind, audit
 from ._bounded import for_each_bounded
@@ -52,10 +55,20 @@ from ._steps import (
 from ._stream_gate import REFUSED_PREFIX, stream_verdict
 from ._stream_records import list_stream_datasets, read_stream_records, reset_stream
 from ._survey import UnfinishedSequence, list_unfinished
+from ._table_files import DescribedFile, data_file_from_stats
 from ._wal import CommitSequence, decode_sequence, encode_sequence, read_sequence
 from ._watermarks import AdvanceWatermarks, StreamMark, merge_watermarks, read_watermarks, read_watermarks_doc
 
+if TYPE_CHECKING:
+    from ._table_io import TableFileIO
+
+# Imports pyiceberg (the optional ``tables`` extra): loaded when pyiceberg asks for it by name.
+__getattr__ = lazy_exports(__name__, {"TableFileIO": "._table_io"})
+
 __all__ = [
+    "TableFileIO",
+    "DescribedFile",
+    "data_file_from_stats",
     "for_each_bounded",
     "DATASET_PROPERTY",
     "DEFAULT_REGISTRY",

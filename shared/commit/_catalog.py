@@ -9,12 +9,14 @@ touches the table.
 Done means: a snapshot of the table carries this job's ``commitfleet.job``
 and ``commitfleet.dataset`` properties. ``ensure`` reads the table, and when
 the job is not there, commits one transaction based on that read
-(``append``: pyiceberg ``add_files``; ``create``: the table created from the
+(``append``: as pyiceberg's ``add_files``; ``create``: the table created from the
 first file's Parquet schema together with the append, so a job that never
 gets here leaves no table; ``overwrite``: every current data file replaced by
 the job's, in one snapshot). A stale holder and a new one can never both land:
 the later commit fails the catalog's requirement, re-reads, and finds the job
-done (see :mod:`._catalog_ops`).
+done (see :mod:`._catalog_ops`). The files' data files are built from the
+statistics their producers sent (``described``, kept in the log with the
+step), else from their footers as ``add_files`` does (:mod:`._table_files`).
 
 pyiceberg blocks; its calls run in a thread. On cancel the step waits (up to
 ``tables.call_timeout``) for the call in flight, so a holder that stopped
@@ -27,6 +29,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping
 from typing import ClassVar, TypeVar
+
+import msgspec
 
 from .._errors import CommitfleetError
 from ..events import StreamBatch, TableBinding, published_key
@@ -44,6 +48,7 @@ from ._catalog_ops import (
 from ._delta import CommitToDelta, delta_step
 from ._model import CommitRequest
 from ._steps import CommitStep, Phase, StepContext
+from ._table_files import DescribedFile
 
 T = TypeVar("T")
 
@@ -91,6 +96,8 @@ class CommitToTable(CommitStep, frozen=True, kw_only=True, tag="table"):
     mode: TableMode = "append"
     files: list[str]
     stream: StreamBatch | None = None
+    # The files' verified sizes and their producers' statistics, by store key (those that sent them).
+    described: dict[str, DescribedFile] = msgspec.field(default_factory=dict)
 
     def summary(self) -> dict[str, str]:
         """Return the snapshot summary properties this step adds besides the job's (a streaming batch's)."""
@@ -106,6 +113,11 @@ class CommitToTable(CommitStep, frozen=True, kw_only=True, tag="table"):
         """Return the files' full URIs under the store root ``store_url``."""
         root = store_url.rstrip("/")
         return [f"{root}/{key}" for key in self.files]
+
+    def described_uris(self, store_url: str) -> dict[str, DescribedFile]:
+        """Return :attr:`described` keyed by the files' full URIs under ``store_url``."""
+        root = store_url.rstrip("/")
+        return {f"{root}/{key}": known for key, known in self.described.items()}
 
     async def is_done(self, ctx: StepContext) -> bool:
         """Return True when a snapshot of the table carries this job's commit of the dataset.
@@ -155,6 +167,7 @@ class CommitToTable(CommitStep, frozen=True, kw_only=True, tag="table"):
                 self.uris(url),
                 ctx.lease.check,
                 self.summary(),
+                self.described_uris(url),
             )
             ctx.probe("table.committed")
             return landed
@@ -180,15 +193,21 @@ def table_step(req: CommitRequest, binding: TableBinding) -> CommitToTable | Com
     """Return the table step of ``req``: its winners' published Parquet files (named as by plan_commit).
 
     A Delta binding gets the Delta step (:mod:`._delta`), an Iceberg binding the catalog step.
+    Files whose producer sent statistics carry them (with their size), so the
+    Iceberg step describes them to the table without reading their footers.
     """
     if binding.delta or binding.table is None:
         return delta_step(req, binding)
-    files = [
-        published_key(req.dataset, req.job, w.task, f.path)
-        for w in sorted(req.winners, key=lambda w: w.task)
-        for f in w.files
-        if f.path.endswith(PARQUET_SUFFIX)
-    ]
+    files: list[str] = []
+    described: dict[str, DescribedFile] = {}
+    for w in sorted(req.winners, key=lambda w: w.task):
+        for f in w.files:
+            if not f.path.endswith(PARQUET_SUFFIX):
+                continue
+            key = published_key(req.dataset, req.job, w.task, f.path)
+            files.append(key)
+            if f.stats is not None:
+                described[key] = DescribedFile(size=f.size, stats=f.stats)
     return CommitToTable(
         dataset=req.dataset,
         job=req.job,
@@ -196,6 +215,7 @@ def table_step(req: CommitRequest, binding: TableBinding) -> CommitToTable | Com
         mode=binding.mode,
         files=files,
         stream=req.stream,
+        described=described,
     )
 
 

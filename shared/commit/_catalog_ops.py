@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
@@ -26,6 +26,7 @@ import msgspec
 from .._errors import OutcomeUnknown, TransientError
 from ..settings import Settings, TableMode
 from ._errors import CommitStepFailed
+from ._table_files import DescribedFile, data_files
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -37,6 +38,12 @@ DATASET_PROPERTY = "commitfleet.dataset"
 STREAM_APP_PROPERTY = "commitfleet.stream.app"
 STREAM_BATCH_PROPERTY = "commitfleet.stream.batch"
 STREAM_QUERY_PROPERTY = "commitfleet.stream.query"
+
+PY_IO_IMPL = "py-io-impl"
+TABLE_IO_IMPL = "shared.commit.TableFileIO"
+"""The table step's file IO (:mod:`._table_io`), as pyiceberg's ``py-io-impl`` names it."""
+INNER_IO_IMPL = "commitfleet.io-impl"
+"""The catalog property naming the file IO that :data:`TABLE_IO_IMPL` wraps (``py-io-impl`` form)."""
 
 _catalogs: dict[bytes, Catalog] = {}
 _catalogs_lock = threading.Lock()
@@ -52,6 +59,8 @@ def catalog_properties(settings: Settings, store_url: str) -> dict[str, str]:
     The warehouse defaults to the store's ``_tables/warehouse`` folder, and the
     file IO gets the store's S3 endpoint and region: the same store, the same
     credentials (the SDK's standard places: AWS env vars, profiles, roles).
+    The file IO is :data:`TABLE_IO_IMPL` around the one pyiceberg would use (a
+    ``py-io-impl`` of ``tables.properties`` moves to :data:`INNER_IO_IMPL`).
 
     Raises:
         CommitStepFailed: a SQL catalog without ``uri`` on a store that is not local.
@@ -74,6 +83,12 @@ def catalog_properties(settings: Settings, store_url: str) -> dict[str, str]:
         if settings.store.s3_region:
             props["s3.region"] = settings.store.s3_region
     props.update(t.properties)
+    # The table's file IO keeps its metadata files in memory (see _table_io), around the IO
+    # pyiceberg would have used: the one configured, else its pick for the location.
+    inner = props.pop(PY_IO_IMPL, None)
+    if inner and inner != TABLE_IO_IMPL:
+        props[INNER_IO_IMPL] = inner
+    props[PY_IO_IMPL] = TABLE_IO_IMPL
     return props
 
 
@@ -151,6 +166,37 @@ def _strict(tbl: Table) -> Table:
     )
 
 
+def _transaction(tbl: Table) -> Any:
+    """Return a transaction on ``tbl`` that works out its staged metadata once per staged change.
+
+    pyiceberg's ``Transaction.table_metadata`` applies the staged updates to a
+    deep copy of the table's whole metadata each time it is read, and an append
+    reads it about 17 times: with a few dozen snapshots in the table's history,
+    those copies were over half of the table step's CPU (docs/tables.md,
+    "Cost"). Its value only changes when a change is staged (``_updates`` is
+    then a new tuple), and no reader mutates it (pyiceberg's models are
+    frozen), so it is computed once per ``_updates`` and shared.
+    """
+    from pyiceberg.table import Transaction
+    from pyiceberg.table.update import update_table_metadata
+
+    class _Transaction(Transaction):
+        _staged: tuple[Any, Any] | None = None
+
+        @property
+        def table_metadata(self) -> Any:
+            updates = self._updates
+            if not updates:
+                return self._table.metadata  # nothing staged: the table's own (frozen) metadata
+            staged = self._staged
+            if staged is None or staged[0] is not updates:
+                staged = (updates, update_table_metadata(self._table.metadata, updates))
+                self._staged = staged
+            return staged[1]
+
+    return _Transaction(tbl)
+
+
 def _arrow_schema(tbl_io: Any, path: str) -> Any:
     import pyarrow.parquet as pq
 
@@ -167,12 +213,15 @@ def commit_files(
     paths: Sequence[str],
     check: Callable[[], None],
     extra_properties: dict[str, str] | None = None,
+    described: Mapping[str, DescribedFile] | None = None,
 ) -> bool:
     """Make the job's snapshot exist: check, then one optimistic transaction based on what was read.
 
     ``paths`` are the published Parquet files' full URIs; ``check`` is called
     just before the commit (the lease); ``extra_properties`` go into the
-    snapshot's summary too (a streaming batch's). Blocking.
+    snapshot's summary too (a streaming batch's); ``described`` (by URI) the
+    sizes and statistics producers sent, from which those files' data files
+    are built without reading their footers (:mod:`._table_files`). Blocking.
 
     Returns:
         True when this call committed the snapshot, False when it was there
@@ -202,19 +251,20 @@ def commit_files(
                 raise CommitStepFailed(f"table {table}: mode create, but the job published no Parquet file")
             from pyiceberg.io import load_file_io
 
-            schema = _arrow_schema(load_file_io(cat.properties, paths[0]), paths[0])
+            io = load_file_io(cat.properties, paths[0])
+            schema = _arrow_schema(io, paths[0])
             try:
                 cat.create_namespace_if_not_exists(ident[:-1])
             except NoSuchNamespaceError as exc:  # a parent namespace missing in a nested catalog
                 raise CommitStepFailed(f"table {table}: {exc}") from exc
             txn: Any = cat.create_table_transaction(ident, schema)
-            txn.add_files(list(paths), snapshot_properties=props, check_duplicate_files=False)
+            _append(txn, io, paths, props, described or {})
         else:
-            txn = _strict(tbl).transaction()
+            txn = _transaction(_strict(tbl))
             if mode == "overwrite":
-                _overwrite(tbl, txn, paths, props)
+                _overwrite(tbl, txn, paths, props, described or {})
             else:
-                txn.add_files(list(paths), snapshot_properties=props, check_duplicate_files=False)
+                _append(txn, tbl.io, paths, props, described or {})
         check()
         txn.commit_transaction()
     except CommitFailedException as exc:
@@ -228,19 +278,51 @@ def commit_files(
     return True
 
 
-def _overwrite(tbl: Table, txn: Any, paths: Sequence[str], props: dict[str, str]) -> None:
-    """Stage one ``overwrite`` snapshot: every current data file out, the job's files in."""
-    from pyiceberg.io.pyarrow import parquet_files_to_data_files
+def _name_mapping(txn: Any) -> None:
+    """Record the table schema's name mapping when the table has none (as ``add_files`` does)."""
     from pyiceberg.table import TableProperties
 
     if txn.table_metadata.name_mapping() is None:
         mapping = txn.table_metadata.schema().name_mapping
         txn.set_properties(**{TableProperties.DEFAULT_NAME_MAPPING: mapping.model_dump_json()})
+
+
+def _append(
+    txn: Any, io: Any, paths: Sequence[str], props: dict[str, str], described: Mapping[str, DescribedFile]
+) -> None:
+    """Stage one append snapshot of ``paths``: pyiceberg's ``add_files``, with data files from ``described``.
+
+    The same snapshot producer as ``add_files`` picks (merge-append when the
+    table enables manifest merging, else fast-append). Raises ValueError on
+    duplicate paths or a file the table's schema cannot take.
+    """
+    from pyiceberg.table import TableProperties
+    from pyiceberg.utils.properties import property_as_bool
+
+    if len(paths) != len(set(paths)):
+        raise ValueError("File paths must be unique")
+    _name_mapping(txn)
+    merge = property_as_bool(
+        txn.table_metadata.properties,
+        TableProperties.MANIFEST_MERGE_ENABLED,
+        TableProperties.MANIFEST_MERGE_ENABLED_DEFAULT,
+    )
+    update = txn.update_snapshot(snapshot_properties=props)
+    with update.merge_append() if merge else update.fast_append() as append:
+        for df in data_files(io, txn.table_metadata, paths, described):
+            append.append_data_file(df)
+
+
+def _overwrite(
+    tbl: Table, txn: Any, paths: Sequence[str], props: dict[str, str], described: Mapping[str, DescribedFile]
+) -> None:
+    """Stage one ``overwrite`` snapshot: every current data file out, the job's files in."""
+    _name_mapping(txn)
     current = [task.file for task in tbl.scan().plan_files()]
     with txn.update_snapshot(snapshot_properties=props).overwrite() as ow:
         for f in current:
             ow.delete_data_file(f)
-        for df in parquet_files_to_data_files(tbl.io, txn.table_metadata, iter(paths)):
+        for df in data_files(tbl.io, txn.table_metadata, paths, described):
             ow.append_data_file(df)
 
 

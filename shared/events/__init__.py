@@ -30,6 +30,18 @@ from ._codec import (
     encode_event,
     entry_fields,
 )
+from ._file_stats import (
+    MAX_BOUND_CHARS,
+    MAX_SPLIT_OFFSETS,
+    MAX_STATS_COLUMNS,
+    STATS_VERSION,
+    ColumnStats,
+    FileStats,
+    check_file_stats,
+    decode_bound,
+    encode_bound,
+    type_params,
+)
 from ._invalid import REJECT_REASONS, InvalidMessage, RejectReason
 from ._layout import (
     StagedKey,
@@ -85,6 +97,16 @@ from ._signing import (
 from ._validation import ValidationLimits, check_task_index, validate_event
 
 __all__ = [
+    "MAX_BOUND_CHARS",
+    "MAX_SPLIT_OFFSETS",
+    "MAX_STATS_COLUMNS",
+    "STATS_VERSION",
+    "ColumnStats",
+    "FileStats",
+    "check_file_stats",
+    "decode_bound",
+    "encode_bound",
+    "type_params",
     "TableMode",
     "ADMIN_EVENT_TYPES",
     "Aborted",

@@ -15,6 +15,7 @@ from typing import Annotated, Final, Literal
 import msgspec
 
 from .._errors import BadInput
+from ._file_stats import FileStats
 
 SCHEMA_VERSION: Final = 1
 """The only queue-event version this code reads and writes."""
@@ -88,12 +89,22 @@ class StagedFile(
     """One file a task attempt staged.
 
     ``path`` is relative to its attempt's staging folder
-    ``_staging/<job>/<dataset>/<task>-<attempt>/``.
+    ``_staging/<job>/<dataset>/<task>-<attempt>/``. ``stats``, for a Parquet
+    file, are its row count and column statistics as its writer saw them
+    (:mod:`._file_stats`): a bound dataset's table step then needs no read
+    of the file's footer.
     """
 
     path: RelPath
     size: Size
     md5: Md5 | None = None
+    stats: Annotated[
+        FileStats | None,
+        msgspec.Meta(
+            description="A Parquet file's row count and column statistics (optional; without them the "
+            "fleet reads the file's footer when a table needs them)."
+        ),
+    ] = None
 
 
 class DatasetExpectation(

@@ -15,6 +15,7 @@ from typing import Final, Self
 from .._errors import ConfigError
 from .._recent import GUESS_LIMIT
 from ..settings import SecuritySettings
+from ._file_stats import check_file_stats
 from ._invalid import InvalidMessage, shown
 from ._layout import (
     MAX_KEY_BYTES,
@@ -221,6 +222,9 @@ def _all_plain(paths: list[str], name_prefix: int, room: int) -> bool:
 
 
 def _check_task_finished(ev: TaskFinished, limits: ValidationLimits) -> None:
+    for i, f in enumerate(ev.files):
+        if f.stats is not None:
+            check_file_stats(f.stats, f.size, f"$.files[{i}].stats")
     dataset = ev.dataset
     if dataset not in limits._accepted:  # check_dataset's memo, tested here: this runs per event
         limits.check_dataset(dataset)
@@ -282,12 +286,14 @@ def validate_event(ev: QueueEvent, limits: ValidationLimits) -> QueueEvent:
 
     Checks: version, job id, dataset names (configured pattern, no
     duplicates, at least one), file paths (safe, unique, short enough for every
-    store), and ``winners`` consistency. Shape checks (types, non-negative
+    store), file statistics (types, bounds, counts: :func:`check_file_stats`),
+    and ``winners`` consistency. Shape checks (types, non-negative
     numbers) were done by decoding.
 
     Raises:
-        InvalidMessage: ``unsupported_version``, ``bad_job``, ``bad_dataset``,
-            ``unsafe_path`` or ``inconsistent``.
+        InvalidMessage: ``unsupported_version`` (of the event or of a file's
+            statistics), ``schema`` (malformed statistics), ``bad_job``,
+            ``bad_dataset``, ``unsafe_path`` or ``inconsistent``.
     """
     if ev.v != SCHEMA_VERSION:
         raise InvalidMessage(

@@ -10,6 +10,7 @@ from ._config import ProducerConfig
 from ._job import JobCancelledError, JobContext, commit_job, new_job_id
 from ._outcome import JobNotCommitted, OutcomeForgotten, OutcomeTimeout, wait_for_outcome
 from ._pack import Pack, build_pack
+from ._parquet_stats import parquet_file_stats
 from ._session import local_spark_session
 from ._stream import BatchCommitter, BatchJob, BatchOutcome, BatchProbe, commit_batches
 from ._stream_plan import StreamConflict
@@ -41,4 +42,5 @@ __all__ = [
     "local_spark_session",
     "max_watermark",
     "new_job_id",
+    "parquet_file_stats",
 ]

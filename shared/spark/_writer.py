@@ -12,7 +12,9 @@
    and retry under the next number rather than overwrite its files. (Such
    attempts fail while reading their input, before they stage anything, so
    in practice the numbers do not meet.)
-3. publishes ``TaskFinished`` with the files (size, MD5) and the watermarks;
+3. publishes ``TaskFinished`` with the files (size, MD5, and the statistics
+   of each Parquet file from the footer just written, see
+   :mod:`._parquet_stats`) and the watermarks;
 4. yields one :class:`~._winners.TaskResult` (also for an empty partition), so
    the action's result holds exactly one winning attempt per task.
 
@@ -42,12 +44,15 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from .._aio import TaskGroup
 from .._errors import BadInput, CommitfleetError, ConfigError, TransientError
-from ..events import StagedFile, TaskFinished, staged_key
+from ..events import FileStats, StagedFile, TaskFinished, encode_event, staged_key
 from ..storage import ObjectStore
 from ._config import ProducerConfig
 from ._executor_runtime import process_runtime
+from ._parquet_stats import parquet_file_stats
 from ._partitions import split_table
 from ._publishing import publish
 from ._task_input import require_alive
@@ -63,6 +68,10 @@ Watermarks = Mapping[str, int] | WatermarkFn | None
 """Per-task watermarks: the same mapping for every task, or a function of the task's data."""
 
 PART_NAME = "part-0.parquet"
+
+STATS_EVENT_BUDGET = 256 * 1024
+"""A ``TaskFinished`` with its files' statistics over this many bytes (a quarter of the fleet's
+default size limit) is sent without them: the fleet then reads those footers."""
 
 
 class InjectedTaskFailure(CommitfleetError):
@@ -167,20 +176,25 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _parquet_bytes(table: pa.Table, compression: str) -> bytes:
+def _parquet_bytes(table: pa.Table, compression: str) -> tuple[bytes, FileStats | None]:
+    """Return ``table`` as Parquet bytes and its statistics (None when the contract cannot carry them)."""
     import pyarrow.parquet as pq
 
     buf = io.BytesIO()
-    pq.write_table(table, buf, compression=compression)
-    return buf.getvalue()
+    # pq.write_table's own writer, kept: its metadata after close is the footer just written.
+    with pq.ParquetWriter(buf, table.schema, compression=compression) as writer:
+        writer.write_table(table)
+    return buf.getvalue(), parquet_file_stats(writer.writer.metadata)
 
 
 def encode_partition(
     rows: Iterable[Any], spec: WriteSpec, task: int
-) -> tuple[dict[str, bytes], dict[str, int]]:
-    """Return the partition's staged files (relative path -> Parquet bytes) and its watermarks.
+) -> tuple[dict[str, bytes], dict[str, FileStats], dict[str, int]]:
+    """Return the partition's staged files (relative path -> Parquet bytes), their statistics, its watermarks.
 
-    An empty partition gives no files.
+    An empty partition gives no files. A file the contract's statistics
+    cannot describe (a nested column, say: see :mod:`._parquet_stats`) has
+    none; the fleet then reads its footer when a table needs it.
 
     Raises:
         BadInput: a watermark function returned a bad value.
@@ -199,9 +213,13 @@ def encode_partition(
     table = pa.concat_tables(batches) if len(batches) > 1 else batches[0]
 
     files: dict[str, bytes] = {}
+    stats: dict[str, FileStats] = {}
     if table.num_rows:
         for folder, part in split_table(table, spec.partition_by):
-            files[folder + PART_NAME] = _parquet_bytes(part, spec.compression)
+            rel = folder + PART_NAME
+            files[rel], found = _parquet_bytes(part, spec.compression)
+            if found is not None:
+                stats[rel] = found
 
     wm = spec.watermarks
     marks: Mapping[str, int] = wm(task, table) if callable(wm) else (wm or {})
@@ -210,13 +228,19 @@ def encode_partition(
         if not isinstance(name, str) or not name or isinstance(value, bool) or not isinstance(value, int):
             raise BadInput(f"watermark {name!r}={value!r}: names are non-empty strings, values ints")
         checked[name] = value
-    return files, checked
+    return files, stats, checked
 
 
 async def upload_files(
-    store: ObjectStore, prefix_of: Callable[[str], str], files: Mapping[str, bytes], concurrency: int
+    store: ObjectStore,
+    prefix_of: Callable[[str], str],
+    files: Mapping[str, bytes],
+    concurrency: int,
+    stats: Mapping[str, FileStats] | None = None,
 ) -> list[StagedFile]:
     """Write every file create-if-absent, at most ``concurrency`` at once; return them as StagedFiles.
+
+    A file with an entry in ``stats`` carries it (``StagedFile.stats``).
 
     Raises (one error, never an ExceptionGroup: see :func:`one_error`):
         ConfigError: the store refused the configuration (e.g. no credentials).
@@ -234,7 +258,10 @@ async def upload_files(
         if info.size != len(data):
             raise TransientError(f"store reports {info.size} bytes for {rel}, wrote {len(data)}")
         staged[rel] = StagedFile(
-            path=rel, size=len(data), md5=hashlib.md5(data, usedforsecurity=False).hexdigest()
+            path=rel,
+            size=len(data),
+            md5=hashlib.md5(data, usedforsecurity=False).hexdigest(),
+            stats=(stats or {}).get(rel),
         )
 
     try:
@@ -305,7 +332,7 @@ def write_partition(spec: WriteSpec, rows: Iterable[Any]) -> Iterator[TaskResult
 
 
 def _stage_and_publish(spec: WriteSpec, rows: Iterable[Any], task: int, attempt: int) -> list[StagedFile]:
-    files, marks = encode_partition(rows, spec, task)
+    files, stats, marks = encode_partition(rows, spec, task)
     # The rows ended: at the end of the partition, or where a kill cut them.
     require_alive(task, attempt, "staging")
     runtime = process_runtime()
@@ -314,32 +341,59 @@ def _stage_and_publish(spec: WriteSpec, rows: Iterable[Any], task: int, attempt:
     def key_of(rel: str) -> str:
         return staged_key(spec.job, spec.dataset, task, attempt, rel)
 
-    staged = runtime.run(upload_files(store, key_of, files, spec.config.upload_concurrency))
-    event = TaskFinished(
-        job=spec.job,
-        dataset=spec.dataset,
-        task=task,
-        attempt=attempt,
-        files=staged,
-        watermarks=marks,
-        finished_at=time.time(),
-    )
+    staged = runtime.run(upload_files(store, key_of, files, spec.config.upload_concurrency, stats))
+    event = task_finished(spec.job, spec.dataset, task, attempt, staged, marks, time.time())
     # A kill during the upload: the partition was whole, but Spark has
     # discarded this attempt; its staged files are the fleet's to clean up.
     require_alive(task, attempt, "publishing")
     publish(spec.config, event)
-    return staged
+    return [_bare(f) for f in staged]  # the driver needs no statistics
+
+
+def task_finished(
+    job: str,
+    dataset: str,
+    task: int,
+    attempt: int,
+    staged: list[StagedFile],
+    marks: Mapping[str, int],
+    finished_at: float,
+) -> TaskFinished:
+    """Return the attempt's ``TaskFinished``: its files with their statistics, unless that is too big.
+
+    Statistics are an optimisation, never the reason an event goes over the
+    fleet's size limit: an event they would make larger than
+    :data:`STATS_EVENT_BUDGET` carries none (the fleet reads those footers).
+    """
+    event = TaskFinished(
+        job=job,
+        dataset=dataset,
+        task=task,
+        attempt=attempt,
+        files=staged,
+        watermarks=dict(marks),
+        finished_at=finished_at,
+    )
+    if any(f.stats is not None for f in staged) and len(encode_event(event)) > STATS_EVENT_BUDGET:
+        return msgspec.structs.replace(event, files=[_bare(f) for f in staged])
+    return event
+
+
+def _bare(f: StagedFile) -> StagedFile:
+    return f if f.stats is None else msgspec.structs.replace(f, stats=None)
 
 
 __all__ = [
     "InjectedTaskFailure",
     "PART_NAME",
+    "STATS_EVENT_BUDGET",
     "WatermarkFn",
     "Watermarks",
     "WriteSpec",
     "encode_partition",
     "max_watermark",
     "one_error",
+    "task_finished",
     "rows_to_table",
     "upload_files",
     "watermark_int",

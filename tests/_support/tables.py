@@ -21,8 +21,9 @@ from shared.commit import (
     open_catalog,
     table_step,
 )
-from shared.events import TableBinding, staged_key
+from shared.events import FileStats, TableBinding, staged_key
 from shared.settings import Settings, TablesSettings
+from shared.spark import parquet_file_stats
 from shared.storage import ObjectStore
 from tests._support.commit import StagedJob, fast_settings
 from tests._support.emulators import StoreTarget
@@ -63,10 +64,28 @@ class ParquetJob:
         return table_step(self.req, binding)
 
 
+def parquet_with_stats(table: pa.Table, **write: Any) -> tuple[bytes, FileStats | None]:
+    """Return ``table`` as Parquet bytes and the statistics a producer sends (from the footer written)."""
+    buf = io.BytesIO()
+    pq.write_table(table, buf, **write)
+    body = buf.getvalue()
+    return body, parquet_file_stats(pq.read_metadata(pa.BufferReader(body)))
+
+
 async def stage_parquet_job(
-    store: ObjectStore, dataset: str, job: str, *, tasks: int = 2, n: int = 3, extra: bool = False
+    store: ObjectStore,
+    dataset: str,
+    job: str,
+    *,
+    tasks: int = 2,
+    n: int = 3,
+    extra: bool = False,
+    stats: bool = False,
 ) -> ParquetJob:
-    """Stage each task's winning attempt 1 (one Parquet file) and a losing attempt 0 of task 0."""
+    """Stage each task's winning attempt 1 (one Parquet file) and a losing attempt 0 of task 0.
+
+    With ``stats``, each winner's StagedFile carries its statistics (as the Spark writer sends them).
+    """
     winners: dict[str, bytes] = {}
     losers: dict[str, bytes] = {}
     attempts = []
@@ -74,15 +93,12 @@ async def stage_parquet_job(
     for task in range(tasks):
         t = rows(job, task, n, extra=extra)
         parts.append(t)
-        buf = io.BytesIO()
-        pq.write_table(t, buf)
-        body = buf.getvalue()
+        body, found = parquet_with_stats(t)
         key = staged_key(job, dataset, task, 1, "part-0.parquet")
         await store.write(key, body)
         winners[key] = body
-        attempts.append(
-            WinningAttempt(task=task, attempt=1, files=[StagedFile(path="part-0.parquet", size=len(body))])
-        )
+        staged = StagedFile(path="part-0.parquet", size=len(body), stats=found if stats else None)
+        attempts.append(WinningAttempt(task=task, attempt=1, files=[staged]))
     buf = io.BytesIO()
     pq.write_table(rows(job, 0, n), buf)  # the loser's rows must never show in the table
     key = staged_key(job, dataset, 0, 0, "part-0.parquet")

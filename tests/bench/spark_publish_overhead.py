@@ -38,7 +38,7 @@ def stage_only(spec: WriteSpec, rows: Iterable[Any]) -> Iterator[int]:
     tc = TaskContext.get()
     assert tc is not None
     task, attempt = tc.partitionId(), tc.attemptNumber()
-    files, _ = encode_partition(rows, spec, task)
+    files, _, _ = encode_partition(rows, spec, task)
     runtime = process_runtime()
     store = runtime.store(spec.config.store_url, spec.config.store)
     runtime.run(

@@ -245,8 +245,12 @@ async def test_a_bound_and_an_unbound_dataset_the_table_scan_returns_each_row_on
         job.write_dataset(df.where("id % 2 = 0"), "raw_tbl")
     job_id = job.job_id
     assert [(w.task, w.attempt) for w in won] == [(0, 0), (1, 1), (2, 0)]
-    starts = [e for e in await events_of(r, fleet, job_id) if isinstance(e, JobStarted)]
+    events = await events_of(r, fleet, job_id)
+    starts = [e for e in events if isinstance(e, JobStarted)]
     assert any(e.tables.get("orders_tbl") == TableBinding(table=table, mode="create") for e in starts)
+    # Every staged Parquet file travels with its statistics (issue 31): the table step reads no footer.
+    sent = [f for e in events if isinstance(e, TaskFinished) and e.dataset == "orders_tbl" for f in e.files]
+    assert sent and all(f.stats is not None and f.stats.rows > 0 for f in sent)
 
     async def committed() -> bool:
         for ds in ("orders_tbl", "raw_tbl"):
@@ -260,6 +264,9 @@ async def test_a_bound_and_an_unbound_dataset_the_table_scan_returns_each_row_on
     assert [s.summary.get(JOB_PROPERTY) for s in tbl.metadata.snapshots if s.summary] == [job_id]
     rows = tbl.scan().to_arrow().sort_by("id")
     assert rows.column("id").to_pylist() == list(range(ROWS)), "each row once, the loser's never"
+    data_files = [t.file for t in tbl.scan().plan_files()]
+    assert sum(f.record_count for f in data_files) == ROWS
+    assert all(f.lower_bounds and f.upper_bounds and f.null_value_counts for f in data_files)
     # Task 1's rows come from its retried attempt, the winner.
     assert {
         a

@@ -6,16 +6,21 @@ import re
 import shlex
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from shared.events import (
     JobStarted,
+    TaskFinished,
     ValidationLimits,
     decode_admin,
+    decode_bound,
     decode_event,
+    encode_bound,
     published_key,
     sign,
     staged_key,
+    type_params,
 )
 
 DOC = (Path(__file__).resolve().parents[2] / "docs" / "contract.md").read_text(encoding="utf-8")
@@ -24,10 +29,49 @@ BLOCKS = re.findall(r"```([^\n]*)\n(.*?)```", DOC, flags=re.S)
 
 def test_every_queue_json_example_decodes() -> None:
     queue = [body for info, body in BLOCKS if info.strip() == "json"]
-    assert len(queue) == 6  # one per event type, and a streaming job_started
+    assert len(queue) == 7  # one per event type, a streaming job_started, a task_finished with file stats
     events = [decode_event(body.strip().encode(), sig=None, limits=ValidationLimits()) for body in queue]
     assert len({type(ev) for ev in events}) == 5
     assert [ev.stream.batch for ev in events if isinstance(ev, JobStarted) and ev.stream is not None] == [7]
+    stats = [
+        f.stats for ev in events if isinstance(ev, TaskFinished) for f in ev.files if f.stats is not None
+    ]
+    assert len(stats) == 1 and stats[0].rows == 3 and stats[0].columns["note"].upper_cut
+
+
+def test_stats_vectors_match_the_code() -> None:
+    """Each vector: the bound decodes, encodes back to the same JSON, and gives the Iceberg bytes shown."""
+    pytest.importorskip("pyiceberg")
+    from pyiceberg.conversions import to_bytes
+    from pyiceberg.types import PrimitiveType
+
+    (body,) = [body for info, body in BLOCKS if info.strip() == "text stats-vectors"]
+    lines = [line.split() for line in body.splitlines() if line.strip()]
+    assert len(lines) == 15
+    kinds = set()
+    for type_name, sent, iceberg_hex in lines:
+        value = decode_bound(type_name, msgspec.json.decode(sent))
+        assert msgspec.json.encode(encode_bound(type_name, value)).decode() == sent
+        iceberg_type = PrimitiveType.model_validate(
+            type_name.replace(",", ", ") if "(" in type_name else type_name
+        )
+        assert to_bytes(iceberg_type, value).hex() == iceberg_hex, type_name
+        kinds.add(type_params(type_name))
+    assert {k[0] for k in kinds if k is not None} >= {
+        "boolean",
+        "int",
+        "long",
+        "float",
+        "double",
+        "decimal",
+        "date",
+        "time",
+        "timestamp",
+        "timestamptz",
+        "string",
+        "binary",
+        "fixed",
+    }
 
 
 def test_admin_example_decodes() -> None:

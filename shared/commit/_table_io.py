@@ -1,0 +1,198 @@
+"""The table step's file IO: pyiceberg's own, with the table's metadata files kept in memory once seen.
+
+An Iceberg table's metadata files (``*.metadata.json``, manifest lists and
+manifests, ``*.avro``) are written once under a new name each and never
+changed (the Iceberg spec), so their bytes can be kept by name. An append
+reads the table's current metadata file twice (the step's check, then the
+SQL catalog's commit re-reads it) and the previous snapshot's manifest list
+once, and asks for the size of the manifest it has just written: on a cloud
+store each of those is one or two round trips (HEAD, GET) in sequence.
+Kept here, the files a process wrote or read before cost none the next time:
+a dataset's commits run on its shard's owner, which wrote the table's
+latest metadata itself when it committed the dataset's previous job.
+
+Only what a name can settle is answered from memory (content, size, and
+existence of a file seen; a new metadata file's name carries a fresh random
+UUID, so it is written without asking first whether it exists); everything
+else goes to the store: the catalog's
+pointer to the current metadata (the commit's point of truth) is never
+kept, data files (Parquet) pass straight through, and a name not seen is
+always asked for. At most :data:`MAX_FILE_BYTES` a file and
+:data:`MAX_CACHE_BYTES` in all, least recently used first out.
+
+:class:`TableFileIO` is set as the catalog's ``py-io-impl``; it wraps the
+file IO pyiceberg would have used (``commitfleet.io-impl`` when one was
+configured, else pyiceberg's choice for the location's scheme).
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import threading
+from collections import OrderedDict
+from typing import Any, Final
+
+from pyiceberg.io import FileIO, InputFile, InputStream, OutputFile, OutputStream, load_file_io
+from pyiceberg.typedef import EMPTY_DICT, Properties
+
+from ._catalog_ops import INNER_IO_IMPL, PY_IO_IMPL
+
+MAX_FILE_BYTES: Final = 8 * 1024 * 1024
+MAX_CACHE_BYTES: Final = 64 * 1024 * 1024
+_METADATA_SUFFIXES: Final = (".metadata.json", ".avro")
+_FRESH_NAME: Final = re.compile(
+    r"/[0-9]{5,}-[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}\.metadata\.json\Z"
+)
+
+
+class _Kept:
+    """The process's bytes of metadata files by location, least recently used first out. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._files: OrderedDict[str, bytes] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, location: str) -> bytes | None:
+        with self._lock:
+            data = self._files.get(location)
+            if data is not None:
+                self._files.move_to_end(location)
+            return data
+
+    def put(self, location: str, data: bytes) -> None:
+        if len(data) > MAX_FILE_BYTES:
+            return
+        with self._lock:
+            old = self._files.pop(location, None)
+            self._bytes += len(data) - (len(old) if old is not None else 0)
+            self._files[location] = data
+            while self._bytes > MAX_CACHE_BYTES:
+                _, dropped = self._files.popitem(last=False)
+                self._bytes -= len(dropped)
+
+    def forget(self, location: str) -> None:
+        with self._lock:
+            old = self._files.pop(location, None)
+            if old is not None:
+                self._bytes -= len(old)
+
+
+_KEPT = _Kept()
+
+
+def _is_metadata(location: str) -> bool:
+    return location.endswith(_METADATA_SUFFIXES)
+
+
+class _KeptInput(InputFile):
+    """A metadata file to read: from memory when seen, else read whole once and kept."""
+
+    def __init__(self, inner: InputFile) -> None:
+        super().__init__(inner.location)
+        self._inner = inner
+
+    def _bytes(self) -> bytes:
+        data = _KEPT.get(self.location)
+        if data is None:
+            with self._inner.open() as stream:
+                data = bytes(stream.read())
+            _KEPT.put(self.location, data)
+        return data
+
+    def __len__(self) -> int:
+        data = _KEPT.get(self.location)
+        return len(data) if data is not None else len(self._inner)
+
+    def exists(self) -> bool:
+        return _KEPT.get(self.location) is not None or self._inner.exists()
+
+    def open(self, seekable: bool = True) -> InputStream:
+        del seekable  # an in-memory stream is seekable
+        return io.BytesIO(self._bytes())
+
+
+class _KeepOnClose(io.BytesIO):
+    """The bytes of a metadata file being written; on close, written through and kept."""
+
+    def __init__(self, target: OutputFile, *, overwrite: bool) -> None:
+        super().__init__()
+        self._target = target
+        self._overwrite = overwrite
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        data = self.getvalue()
+        super().close()
+        with self._target.create(overwrite=self._overwrite) as stream:
+            stream.write(data)
+        _KEPT.put(self._target.location, data)
+
+
+class _KeptOutput(OutputFile):
+    """A metadata file to write: written through on close, then kept."""
+
+    def __init__(self, inner: OutputFile) -> None:
+        super().__init__(inner.location)
+        self._inner = inner
+
+    def __len__(self) -> int:
+        data = _KEPT.get(self.location)
+        return len(data) if data is not None else len(self._inner)
+
+    def exists(self) -> bool:
+        return _KEPT.get(self.location) is not None or self._inner.exists()
+
+    def to_input_file(self) -> InputFile:
+        return _KeptInput(self._inner.to_input_file())
+
+    def create(self, overwrite: bool = False) -> OutputStream:
+        # A name that carries a fresh random UUID (pyiceberg's metadata files: <version>-<uuid>.metadata.json)
+        # cannot exist yet: asking the store (a HEAD, one more round trip before the commit) guards nothing.
+        if not overwrite and not _FRESH_NAME.search(self.location) and self.exists():
+            raise FileExistsError(f"Cannot create file, already exists: {self.location}")
+        # Checked above; the write itself replaces (pyiceberg's local IO would check again).
+        stream: Any = _KeepOnClose(self._inner, overwrite=True)
+        return stream  # type: ignore[no-any-return]
+
+
+class TableFileIO(FileIO):
+    """pyiceberg file IO that keeps the table's metadata files it writes or reads (see the module doc)."""
+
+    def __init__(self, properties: Properties = EMPTY_DICT) -> None:
+        super().__init__(properties)
+        self._inner: dict[str, FileIO] = {}
+        self._lock = threading.Lock()
+
+    def _io(self, location: str) -> FileIO:
+        scheme = location.partition("://")[0] if "://" in location else ""
+        with self._lock:
+            found = self._inner.get(scheme)
+            if found is None:
+                props = {k: v for k, v in self.properties.items() if k not in (PY_IO_IMPL, INNER_IO_IMPL)}
+                if impl := self.properties.get(INNER_IO_IMPL):
+                    props[PY_IO_IMPL] = impl
+                found = load_file_io(props, location)
+                self._inner[scheme] = found
+            return found
+
+    def new_input(self, location: str) -> InputFile:
+        """Return the file to read at ``location`` (a metadata file: kept once read)."""
+        inner = self._io(location).new_input(location)
+        return _KeptInput(inner) if _is_metadata(location) else inner
+
+    def new_output(self, location: str) -> OutputFile:
+        """Return the file to write at ``location`` (a metadata file: kept once written)."""
+        inner = self._io(location).new_output(location)
+        return _KeptOutput(inner) if _is_metadata(location) else inner
+
+    def delete(self, location: str | InputFile | OutputFile) -> None:
+        """Delete the file at ``location``, from memory too."""
+        where = location if isinstance(location, str) else location.location
+        _KEPT.forget(where)
+        self._io(where).delete(location)
+
+
+__all__ = ["MAX_CACHE_BYTES", "MAX_FILE_BYTES", "TableFileIO"]
