@@ -387,7 +387,11 @@ async def read_admin_recent(
     keep_repeated_fields(redis_client)
     end: bytes | str = "+"
     if before is not None:
-        end = b"(" + (before.encode() if isinstance(before, str) else before)
+        raw = before.encode() if isinstance(before, str) else before
+        if not raw.replace(b"0", b"").strip(b"-"):
+            # Nothing is older than 0-0 (and Redis refuses "(0-0" as a range's end).
+            return RecentPage(events=[], head=None, cursor=None, scanned=0)
+        end = b"(" + raw
     head: bytes | None = None
     events: list[tuple[bytes, AdminEvent]] = []
     skipped: list[str] = []

@@ -232,6 +232,9 @@ async def test_access_checks_and_hostile_queries_get_a_clear_400(start_admin: St
         for query in ("dataset=../x", "job=has%20space", "job=a&job=b"):
             async with http.get(f"{base}/events?{query}") as resp:
                 assert resp.status == 400, query
-        # The largest cursor Redis takes is served (everything is older than it).
+        # The largest cursor Redis takes is served (everything is older than it), and the smallest.
         page = await _get(http, f"{base}/events/recent", before=f"{2**64 - 1}-{2**64 - 1}")
         assert page["head"] is None and page["cursor"] is None
+        for smallest in ("0-0", "0", "00-000", "0-1", "1"):
+            page = await _get(http, f"{base}/events/recent", before=smallest)
+            assert page == {"events": [], "head": None, "cursor": None, "scanned": 0}, smallest

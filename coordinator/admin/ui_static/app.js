@@ -4,6 +4,7 @@
 
 const STATUS_EVERY_MS = 2000;
 const HISTORY_EVERY_MS = 30000;
+const RELOAD_EVENTS_MS = 5000;  // the wait before the history is asked for again after a failure
 const PAGE_EVENTS = 200;  // events per /events/recent page
 const MAX_EVENTS_KEPT = 1000;  // events the panel keeps (the oldest go first)
 // The admin event types (the server's ADMIN_EVENT_TYPES; a unit test keeps them equal).
@@ -234,7 +235,7 @@ async function recent(q) {
   const resp = await fetch(`/events/recent?${q}`, { credentials: "same-origin", cache: "no-store" });
   if (resp.status === 401) { location.href = "/ui/login"; throw new Error("signed out"); }
   const body = await resp.json().catch(() => ({}));
-  if (!resp.ok) throw new Error(body.error || `HTTP ${resp.status}`);
+  if (!resp.ok) throw Object.assign(new Error(body.error || `HTTP ${resp.status}`), { status: resp.status });
   return body;
 }
 
@@ -257,6 +258,12 @@ async function loadEvents() {
     if (gen !== generation) return;
     note.className = "result error";
     note.textContent = `events: ${e.message}`;
+    if (e.status !== 400) {
+      // Redis or the coordinator unavailable: try again (a refused filter waits for new filters).
+      const live = document.getElementById("live");
+      live.className = "live off"; live.textContent = "events: reconnecting";
+      setTimeout(() => { if (gen === generation) loadEvents(); }, RELOAD_EVENTS_MS);
+    }
     return;
   }
   if (gen !== generation) return;  // the filters changed meanwhile
