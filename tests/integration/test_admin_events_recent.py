@@ -18,6 +18,7 @@ from coordinator.admin import AdminServer
 from shared import load_settings
 from shared.events import AdminEvent, Committed, JobTimedOut, MessageRejected, Quarantined
 from shared.queue import AdminPublisher, Keys, connect, ensure_fleet
+from tests._support.redis_server import RedisServer
 
 TOKEN = "t0ken-for-the-recent-events-tests"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -238,3 +239,34 @@ async def test_access_checks_and_hostile_queries_get_a_clear_400(start_admin: St
         for smallest in ("0-0", "0", "00-000", "0-1", "1"):
             page = await _get(http, f"{base}/events/recent", before=smallest)
             assert page == {"events": [], "head": None, "cursor": None, "scanned": 0}, smallest
+
+
+async def test_redis_gone_is_a_503_not_a_500(
+    redis_factory: Callable[..., RedisServer], fleet_name: str, tmp_path: Path
+) -> None:
+    private = redis_factory()
+    s = load_settings(
+        env={},
+        overrides={
+            "fleet": {"name": fleet_name, "shards": 4},
+            "redis": {"url": private.url},
+            "store": {"url": (tmp_path / "store").as_uri()},
+            "coordinator": {"http_port": 0, "admin_token": TOKEN, "request_timeout": 3},
+        },
+    )
+    r = connect(s.redis, client_name="adm-gone")
+    try:
+        await ensure_fleet(r, fleet_name, 4)
+        server = AdminServer(s, r, Keys(fleet_name), coordinator_id="c-test", leading=asyncio.Event())
+        await server.start()
+        try:
+            async with client(server) as (http, base):
+                assert (await _get(http, f"{base}/events/recent"))["head"] == "0-0"
+                private.stop()
+                async with http.get(f"{base}/events/recent") as resp:
+                    assert resp.status == 503
+                    assert (await resp.json())["error"]
+        finally:
+            await server.stop()
+    finally:
+        await r.aclose()
