@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from shared import lazy_exports
 
 if TYPE_CHECKING:
-    from ._core import STATE_VERSION, JobMeta
+    from ._core import READS, STATE_VERSION, DatasetState, JobMeta
     from ._heap import tune_gc
     from ._inflight import read_in_flight
     from ._probe import Probe
@@ -20,7 +20,9 @@ if TYPE_CHECKING:
 
 _WHERE = {
     "read_in_flight": "._inflight",
+    "READS": "._core",
     "STATE_VERSION": "._core",
+    "DatasetState": "._core",
     "JobMeta": "._core",
     "Probe": "._probe",
     "Worker": "._worker",
@@ -31,4 +33,14 @@ _WHERE = {
 __getattr__ = lazy_exports(__name__, _WHERE)
 
 
-__all__ = ["STATE_VERSION", "JobMeta", "Probe", "Worker", "read_in_flight", "run_worker", "tune_gc"]
+__all__ = [
+    "READS",
+    "STATE_VERSION",
+    "DatasetState",
+    "JobMeta",
+    "Probe",
+    "Worker",
+    "read_in_flight",
+    "run_worker",
+    "tune_gc",
+]

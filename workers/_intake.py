@@ -291,7 +291,7 @@ class Intake:
             batch.ack.append,
             batch.attempts,
         )
-        add_job = batch.jobs.add
+        add_job, changed = batch.jobs.add, batch.datasets
         limits, stream, settings = self.ctx.limits, self._consumer.stream, self.ctx.settings
         timeout, shards = settings.worker.job_timeout, settings.fleet.shards
         for entry in entries:
@@ -301,13 +301,15 @@ class Intake:
                 rejected += 1
                 continue
             apply(d)
-            job = d.job
-            if job is not None:
-                add_job(job.job)
-                if d.attempt is not None:
-                    ds, rec = d.attempt
-                    attempts[(job.job, ds, rec.task, rec.attempt)] = rec
-            elif d.attempt is None and not d.actions:
+            if d.job is not None:
+                add_job(d.job.job)
+            if d.datasets:  # only those the event changed: its size, not the job's
+                job_id = d.job_id
+                changed.update((job_id, name) for name in d.datasets)
+            if d.attempt is not None:
+                ds, rec = d.attempt
+                attempts[(d.job_id, ds, rec.task, rec.attempt)] = rec
+            elif d.duplicate:
                 duplicates += 1  # e.g. a publisher's retry delivered the entry twice
             if d.actions:
                 todo.extend(d.actions)

@@ -17,14 +17,17 @@ from collections.abc import AsyncIterator, Callable
 from shared.events import manifest_key
 from shared.queue import DatasetResult
 
-from ._core import Ended, JobMeta, ShardJobs, Status
-from ._state_store import Batch, ShardStateStore, attempt_fields
+from ._core import PASSED, Commit, DatasetState, Ended, JobMeta, ShardJobs, Status
+from ._state_store import Batch, ShardStateStore, attempt_fields, dataset_fields
 
 
 class ShardLedger:
     """The shard's job state (``state``), its session's store (``store``), the save lock (``save_lock``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, release: Callable[[Commit], None] | None = None) -> None:
+        """``release`` queues the commit a status change lets go (the next job's commit of the
+        dataset: :meth:`ShardJobs.due`), once the change is durable."""
+        self._release = release
         self.state = ShardJobs()
         self.store: ShardStateStore | None = None  # None until the first session starts
         self.save_lock = asyncio.Lock()
@@ -82,7 +85,9 @@ class ShardLedger:
         only (what is put back on failure). What may only happen once the save
         is durable (dropping an ended job's attempts) is ``saved``'s: so a
         failed save never has to rebuild them, and a status change costs no
-        copy of the job's attempts.
+        copy of the job's attempts. Dataset states ``change`` sets (through
+        :meth:`ShardJobs.put`) are journaled and put back one by one: a
+        change costs no copy of the job's datasets either.
 
         Raises:
             Fenced, TransientError: as :meth:`ShardStateStore.save`; ``job``'s
@@ -93,13 +98,20 @@ class ShardLedger:
         """
         assert self.store is not None
         async with self.save_turn():
-            before = _records_of(self.state, job)
+            state = self.state
+            before = _records_of(state, job)
+            journal: list[tuple[str, str, DatasetState | None]] = []
             try:
-                batch = change()
+                state.journal = journal
+                try:
+                    batch = change()
+                finally:
+                    state.journal = None
                 if batch is not None:
-                    await self.store.save(batch, self.state)
+                    await self.store.save(batch, state)
             except BaseException:
-                _put_back(self.state, job, before)
+                _put_back(state, job, before)
+                state.undo(journal)
                 raise
             if saved is not None:
                 saved()
@@ -109,6 +121,10 @@ class ShardLedger:
 
         The status, the result and the job's end are applied and saved under
         the save lock, and put back should the save fail (see :meth:`save_change`).
+        One field of the saved state is written (and the job's records dropped when
+        it ends): the cost does not grow with the job's datasets. A status that
+        passes the dataset on (:data:`~workers._core.PASSED`) then releases the
+        next job's commit of it, if that one is ``committing``.
 
         Raises:
             Fenced, TransientError: the save failed; nothing changed in memory.
@@ -119,25 +135,30 @@ class ShardLedger:
             meta = self.state.set_status(job, dataset, status, reason)
             if meta is None:
                 return None
-            self.state.jobs[job] = meta
-            batch = Batch(jobs={job})
+            batch = Batch(datasets={(job, dataset)})  # one field: O(1) whatever the job's size
             result = self._result(job, dataset, status, reason)
             if result is not None:
                 batch.results[(job, dataset)] = result
             done = self.state.job_done(job)
             if done is not None:
                 batch.drop_attempts.extend(attempt_fields(self.state, job))
+                batch.drop_datasets.extend(dataset_fields(self.state, job))
                 # Only the end record before the save (the save writes it); the
                 # job's records go once it is durable (see save_change).
                 ending.append(Ended(status=done, at=time.time()))
                 self.state.ended[job] = ending[0]
-                batch.jobs.discard(job)
+                batch.datasets.clear()
                 batch.ended.add(job)
             return batch
 
         def saved() -> None:
             if ending:
                 self.state.end_job(job, ending[0].status, ending[0].at)
+            if status in PASSED and self._release is not None:
+                # This job no longer holds the dataset: the next job's commit of it may run.
+                due = self.state.due(dataset)
+                if due is not None:
+                    self._release(due)
 
         await self.save_change(job, change, saved)
 
@@ -172,9 +193,9 @@ def _records_of(state: ShardJobs, job: str) -> _JobRecords:
 def _put_back(state: ShardJobs, job: str, records: _JobRecords) -> None:
     meta, ended = records
     if meta is None:
-        state.jobs.pop(job, None)
+        state.remove_job(job)
     else:
-        state.jobs[job] = meta
+        state.add_job(meta)
     if ended is None:
         state.ended.pop(job, None)
     else:

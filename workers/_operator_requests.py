@@ -144,10 +144,14 @@ class OperatorRequests:
         await drop_operator_request(ctx.redis, ctx.keys, self.shard, work.dataset, work.job)
         # A dataset blocked behind the quarantined sequence can go on now (in
         # this task: it already holds an in-flight slot and the dataset's turn).
-        for meta in list(self._ledger.state.jobs.values()):
+        # In the order the jobs finished (a blocked commit holds its dataset's line: see ShardJobs.lines).
+        blocked = []
+        for meta in self._ledger.state.jobs.values():
             ds = meta.datasets.get(work.dataset)
             if ds is not None and ds.status == "blocked":
-                await self._actions.commit(Commit(job=meta.job, dataset=work.dataset))
+                blocked.append((ds.fin, meta.job))
+        for _fin, job in sorted(blocked):
+            await self._actions.commit(Commit(job=job, dataset=work.dataset))
 
 
 __all__ = ["CommitSide", "OperatorRequests"]

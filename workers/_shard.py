@@ -68,8 +68,6 @@ from ._actions import Actions
 from ._aside import load_or_set_aside
 from ._context import WorkerContext
 from ._core import (
-    Abort,
-    Commit,
     Operate,
     Recover,
     TimedOut,
@@ -116,9 +114,6 @@ class ShardRunner:
             consumer=ctx.worker_id,
             max_copy_bytes=ctx.settings.security.max_message_bytes,
         )
-        self.ledger = ShardLedger()
-        self.actions = Actions(ctx, shard, self.ledger)
-        self.operator = OperatorRequests(ctx, shard, self.ledger, self.actions)
         self.scheduler = Scheduler(
             do=self._do,
             inflight=ctx.inflight,
@@ -127,6 +122,10 @@ class ShardRunner:
             board=self.board,
             stopping=self.stopping,
         )
+        # A status change that passes a dataset on queues the next job's commit of it.
+        self.ledger = ShardLedger(release=self.scheduler.schedule)
+        self.actions = Actions(ctx, shard, self.ledger)
+        self.operator = OperatorRequests(ctx, shard, self.ledger, self.actions)
         self.intake = Intake(
             ctx,
             shard,
@@ -365,11 +364,11 @@ class ShardRunner:
         for out in timed_out(state, self._seen, now, max_duration=max_duration):
 
             def aborting(out: TimedOut = out) -> Batch:
+                batch = Batch()
                 for abort in out.aborts():
-                    meta = state.set_status(abort.job, abort.dataset, "aborting", abort.reason)
-                    if meta is not None:
-                        state.jobs[abort.job] = meta
-                return Batch(jobs={out.job})
+                    if state.set_status(abort.job, abort.dataset, "aborting", abort.reason) is not None:
+                        batch.datasets.add((abort.job, abort.dataset))
+                return batch
 
             await self.ledger.save_change(out.job, aborting)
             log.warning(
@@ -400,12 +399,10 @@ class ShardRunner:
         state = self.ledger.state
         self._seen = assume_alive(state.jobs, time.time())
         await self._commit_the_complete()
-        for meta in list(state.jobs.values()):
-            for name, ds in meta.datasets.items():
-                if ds.status in ("committing", "blocked"):
-                    self.scheduler.schedule(Commit(job=meta.job, dataset=name))
-                elif ds.status == "aborting":
-                    self.scheduler.schedule(Abort(job=meta.job, dataset=name, reason=ds.reason or "aborted"))
+        # In the order the jobs finished, not the order the saved state lists them: each
+        # dataset's first commit (later ones follow as those before them pass: ShardJobs.due).
+        for work in state.resumed():
+            self.scheduler.schedule(work)
         shards = self.ctx.settings.fleet.shards
         tracked = {
             (name, meta.job)

@@ -3,7 +3,8 @@
 Keys (all in the shard's slot, see :class:`shared.queue.Keys`)::
 
     ...:{s<n>}:state:owner     the shard's owner token "<worker>@<epoch>" (set by the coordinator)
-    ...:{s<n>}:state:jobs      hash job -> JobMeta JSON (open jobs)
+    ...:{s<n>}:state:jobs      hash job -> JobMeta JSON (open jobs; since v2 without their datasets)
+    ...:{s<n>}:state:datasets  hash "<job>/<dataset>" -> DatasetState JSON (each dataset of an open job, v2)
     ...:{s<n>}:state:attempts  hash "<job>/<dataset>/<task>/<attempt>" -> Attempt JSON
     ...:{s<n>}:state:ended     hash job -> Ended JSON (ended jobs, to drop late events)
     ...:{s<n>}:result:<job>    hash dataset -> DatasetResult JSON (what the job's driver waits for)
@@ -12,8 +13,12 @@ Keys (all in the shard's slot, see :class:`shared.queue.Keys`)::
     ...:{s<n>}:state:aside     hash: why the shard is set aside (only while it is)
 
 Every record carries ``v`` (:data:`STATE_VERSION`); one that does not decode,
-or has another version, makes :meth:`ShardStateStore.load` raise
-:class:`ShardStateUnreadable`, and the shard is set aside (``_aside.py``).
+or has a version this code does not read (:data:`~workers._core.READS`), makes
+:meth:`ShardStateStore.load` raise :class:`ShardStateUnreadable`, and the shard
+is set aside (``_aside.py``). A v1 job record (its datasets inside) is migrated
+by the load itself: one fenced save writes it as v2 and each of its datasets
+as a field of ``state:datasets``; the order its datasets' commits run in, which
+v1 did not record, is then taken from when the jobs opened on the shard.
 
 Every write is one Lua script (one round trip, atomic) that first compares
 the owner token and writes nothing unless it is ours, together with the XACK
@@ -52,27 +57,42 @@ from shared.queue import (
     redis_errors,
 )
 
-from ._core import STATE_VERSION, Attempt, Ended, JobMeta, ShardJobs, attempt_field
+from ._core import (
+    READS,
+    STATE_VERSION,
+    Attempt,
+    DatasetState,
+    Ended,
+    JobMeta,
+    ShardJobs,
+    attempt_field,
+    dataset_field,
+)
 
-_R = TypeVar("_R", JobMeta, Attempt, Ended)
+_R = TypeVar("_R", JobMeta, Attempt, Ended, DatasetState)
 
 DEFAULT_RESULTS_MAX = 10_000
 """Job results kept at most per shard (the default of ``queue.results_max``)."""
 RESULTS_INDEX = "results"
+DATASETS = "datasets"
+"""The shard-state key (``state:datasets``) of every open job's datasets, field ``<job>/<dataset>`` (v2)."""
 """The shard-state key (``state:results``) that orders the shard's job results by age."""
 
 _meta_dec = msgspec.json.Decoder(JobMeta)
 _attempt_dec = msgspec.json.Decoder(Attempt)
 _ended_dec = msgspec.json.Decoder(Ended)
+_dataset_dec = msgspec.json.Decoder(DatasetState)
 _enc = msgspec.json.Encoder()
 _pack = msgspec.msgpack.Encoder().encode
 
 
-# KEYS: owner, jobs, attempts, ended, stream, results index, then one result hash per batch.results job.
+# KEYS: owner, jobs, attempts, ended, stream, results index, datasets, then one result hash per
+# batch.results job.
 # ARGV: token, group, result retention (s), msgpack of
-#   [jobs flat, attempts flat, ended flat, ended names, dropped attempts, ack ids, results, result jobs]
+#   [jobs flat, attempts flat, ended flat, ended names, dropped attempts, ack ids, results, result jobs,
+#    datasets flat, dropped datasets]
 # where each "flat" is [field, value, field, value, ...] and results is, per
-# result key (in KEYS order from 7), [dataset, value, dataset, value, ...], whose
+# result key (in KEYS order from 8), [dataset, value, dataset, value, ...], whose
 # job names are in result jobs; then results_max, now (ms), the result keys' prefix.
 # Returns 1 when written, else the current owner token (or "" when none): the
 # comparison and every write are one atomic script, so a fenced worker writes
@@ -106,6 +126,8 @@ chunks('HSET', KEYS[3], b[2])
 chunks('HSET', KEYS[4], b[3])
 chunks('HDEL', KEYS[2], b[4])
 chunks('HDEL', KEYS[3], b[5])
+chunks('HSET', KEYS[7], b[9])
+chunks('HDEL', KEYS[7], b[10])
 chunks('XACK', KEYS[5], b[6], ARGV[2])
 local now = tonumber(ARGV[6])
 -- Scores follow the write order (ms, moved past the newest so that the same millisecond,
@@ -114,8 +136,8 @@ local seq = now
 local top = redis.call('ZRANGE', KEYS[6], -1, -1, 'WITHSCORES')
 if top[2] and tonumber(top[2]) >= seq then seq = tonumber(top[2]) + 1 end
 for i, flat in ipairs(b[7]) do
-  chunks('HSET', KEYS[6 + i], flat)
-  redis.call('EXPIRE', KEYS[6 + i], ARGV[3])
+  chunks('HSET', KEYS[7 + i], flat)
+  redis.call('EXPIRE', KEYS[7 + i], ARGV[3])
   for j = 1, #flat, 2 do
     redis.call('ZADD', KEYS[6], seq, b[8][i] .. '\\n' .. flat[j])
     seq = seq + 1
@@ -153,12 +175,14 @@ class ShardStateUnreadable(BadInput):
 
 @dataclass(slots=True)
 class Batch:
-    """What to make durable together: names of changed jobs (their current
-    metadata is encoded at save time, so the last save always carries the
-    newest state), new attempt records, ended jobs, and the stream ids this
-    accounts for."""
+    """What to make durable together: names of changed jobs and (job, dataset)
+    of changed datasets (their current records are encoded at save time, so
+    the last save always carries the newest state), new attempt records, ended
+    jobs, fields of records to drop, and the stream ids this accounts for."""
 
     jobs: set[str] = field(default_factory=set)
+    datasets: set[tuple[str, str]] = field(default_factory=set)
+    drop_datasets: list[str] = field(default_factory=list)
     attempts: dict[tuple[str, str, int, int], Attempt] = field(default_factory=dict)
     ended: set[str] = field(default_factory=set)
     drop_attempts: list[str] = field(default_factory=list)
@@ -169,7 +193,14 @@ class Batch:
     def empty(self) -> bool:
         """Return True when there is nothing to write or acknowledge."""
         return not (
-            self.jobs or self.attempts or self.ended or self.drop_attempts or self.ack or self.results
+            self.jobs
+            or self.datasets
+            or self.attempts
+            or self.ended
+            or self.drop_attempts
+            or self.drop_datasets
+            or self.ack
+            or self.results
         )
 
 
@@ -216,6 +247,7 @@ class ShardStateStore:
         self._jobs = keys.shard_state(shard, "jobs")
         self._attempts = keys.shard_state(shard, "attempts")
         self._ended = keys.shard_state(shard, "ended")
+        self._datasets = keys.shard_state(shard, DATASETS)
         self.stream = keys.events(shard)
         self._fixed_keys = [
             self._owner,
@@ -224,6 +256,7 @@ class ShardStateStore:
             self._ended,
             self.stream,
             keys.shard_state(shard, RESULTS_INDEX),
+            self._datasets,
         ]
         self._result_prefix = keys.job_result(shard, "")
         self._save = redis_client.register_script(_SAVE_LUA)
@@ -237,20 +270,31 @@ class ShardStateStore:
             raise Fenced(f"shard {self.shard} is now owned by {current!r}, not {self.token!r}")
 
     async def load(self) -> ShardJobs:
-        """Return the shard's persisted state (open jobs, their attempts, ended jobs).
+        """Return the shard's persisted state (open jobs, their datasets and attempts, ended jobs).
+
+        A v1 shard (job records with their datasets inside) is migrated here: one
+        save, fenced like any other, writes each such job as v2 and its datasets as
+        their own records; dataset records of no open job (its record deleted by an
+        operator) are dropped by the same save.
 
         Raises:
             ShardStateUnreadable: a record does not decode, or has a version
                 this code does not read (the shard must be set aside).
+            Fenced: a migration was due and the shard is no longer ours (nothing written).
             TransientError: Redis unavailable.
         """
         jobs = await self._hash(self._jobs)
+        datasets = await self._hash(self._datasets)
         attempts = await self._hash(self._attempts)
         ended = await self._hash(self._ended)
         state = ShardJobs()
+        old: list[JobMeta] = []
         for name, raw in jobs.items():
             meta = self._decode(_meta_dec, self._jobs, name, raw)
-            state.jobs[meta.job] = meta
+            if meta.v == STATE_VERSION:
+                state.add_job(msgspec.structs.replace(meta, datasets={}))
+            else:
+                old.append(meta)
         for key, raw in attempts.items():
             parts = as_text(key).split("/")
             if len(parts) != 4:
@@ -258,8 +302,28 @@ class ShardStateStore:
                     self.shard, self._attempts, key, "field is not <job>/<dataset>/<task>/<attempt>"
                 )
             state.load_attempt(parts[0], parts[1], self._decode(_attempt_dec, self._attempts, key, raw))
+        fix = Batch()
+        migrating = {meta.job for meta in old}
+        for key, raw in datasets.items():
+            job, slash, dataset = as_text(key).partition("/")
+            if not slash or not dataset or "/" in dataset:
+                raise ShardStateUnreadable(self.shard, self._datasets, key, "field is not <job>/<dataset>")
+            ds = self._decode(_dataset_dec, self._datasets, key, raw)
+            if ds.v != STATE_VERSION:
+                why = f"record version {ds.v}, this worker reads v{STATE_VERSION}"
+                raise ShardStateUnreadable(self.shard, self._datasets, key, why)
+            if job in state.jobs:
+                state.put(job, dataset, ds)
+            elif job not in migrating:  # (a v1 job's come from its record)
+                fix.drop_datasets.append(as_text(key))
         for name, raw in ended.items():
             state.ended[as_text(name)] = self._decode(_ended_dec, self._ended, name, raw)
+        for meta in _migrated(old, state.seq):
+            state.add_job(meta)
+            fix.jobs.add(meta.job)
+            fix.datasets.update((meta.job, d) for d in meta.datasets)
+        if not fix.empty():
+            await self.save(fix, state)
         return state
 
     async def _hash(self, key: str) -> dict[bytes | str, bytes | str]:
@@ -279,7 +343,7 @@ class ShardStateStore:
             rec = decoder.decode(raw)
         except (msgspec.DecodeError, UnicodeError, RecursionError) as exc:
             raise ShardStateUnreadable(self.shard, key, field, f"does not decode: {exc}") from None
-        if rec.v != STATE_VERSION:
+        if rec.v not in READS:
             raise ShardStateUnreadable(
                 self.shard, key, field, f"record version {rec.v}, this worker reads v{STATE_VERSION}"
             )
@@ -330,8 +394,14 @@ class ShardStateStore:
         jobs: list[str] = []
         for j in batch.jobs:
             meta = state.jobs.get(j)
-            if meta is not None:
-                jobs += (j, _enc.encode(meta).decode())
+            if meta is not None:  # the job's own fields: its datasets are records of their own
+                jobs += (j, _enc.encode(msgspec.structs.replace(meta, datasets={})).decode())
+        datasets: list[str] = []
+        for j, name in batch.datasets:
+            meta = state.jobs.get(j)
+            ds = meta.datasets.get(name) if meta is not None else None
+            if ds is not None:
+                datasets += (dataset_field(j, name), _enc.encode(ds).decode())
         attempts: list[str] = []
         add, encode = attempts.extend, _enc.encode  # per event: bound once
         for (job, dataset, task, number), attempt in batch.attempts.items():
@@ -349,7 +419,20 @@ class ShardStateStore:
         # Stream ids are ASCII; msgpack "str" is what Redis's cmsgpack reads (it has no "bin").
         ack = [i.decode("ascii") for i in batch.ack]
         results = list(per_job.values())
-        blob = _pack([jobs, attempts, ended, ended_names, batch.drop_attempts, ack, results, list(per_job)])
+        blob = _pack(
+            [
+                jobs,
+                attempts,
+                ended,
+                ended_names,
+                batch.drop_attempts,
+                ack,
+                results,
+                list(per_job),
+                datasets,
+                batch.drop_datasets,
+            ]
+        )
         keys = [*self._fixed_keys, *(self._keys.job_result(self.shard, job) for job in per_job)]
         args: list[bytes | str | int] = [self.token, DEFAULT_GROUP, RESULT_RETENTION_S, blob]
         args += [self._results_max, int(time.time() * 1000), self._result_prefix]
@@ -445,6 +528,29 @@ class ShardStateStore:
         if names:
             with redis_errors("HDEL ended"):
                 await self.redis.hdel(self._ended, *names)
+
+
+def _migrated(old: list[JobMeta], seq: int) -> list[JobMeta]:
+    """Return v1 job records as v2 ones, each finished dataset given a ``fin`` above ``seq``.
+
+    v1 did not record the order the jobs finished in: the order they opened on
+    the shard (then their names) stands in for it, one ``fin`` per job.
+    """
+    out: list[JobMeta] = []
+    for meta in sorted(old, key=lambda m: (m.opened_at, m.job)):
+        seq += 1
+        datasets = {
+            name: msgspec.structs.replace(ds, v=STATE_VERSION, fin=seq if ds.expected is not None else 0)
+            for name, ds in meta.datasets.items()
+        }
+        out.append(msgspec.structs.replace(meta, v=STATE_VERSION, datasets=datasets))
+    return out
+
+
+def dataset_fields(state: ShardJobs, job: str) -> list[str]:
+    """Return the Redis hash fields of every dataset record of ``job`` (dropped when the job ends)."""
+    meta = state.jobs.get(job)
+    return [] if meta is None else [dataset_field(job, name) for name in meta.datasets]
 
 
 def attempt_fields(state: ShardJobs, job: str) -> Sequence[str]:

@@ -21,12 +21,33 @@ import redis.exceptions as rx
 from shared import Settings
 from shared.fleet import FleetRegistry
 from shared.queue import DEFAULT_GROUP, Keys, as_text, connect, existing_fleet, redis_errors, shard_of
-from workers import STATE_VERSION, JobMeta, read_in_flight
+from workers import READS, STATE_VERSION, DatasetState, JobMeta, read_in_flight
 
 if TYPE_CHECKING:
     from shared.storage import ObjectStore
 
 _meta_dec = msgspec.json.Decoder(JobMeta)
+_dataset_dec = msgspec.json.Decoder(DatasetState)
+
+
+def _datasets_of_jobs(
+    fields: dict[Any, Any], shard: int, keys: Keys, unreadable: list[dict[str, Any]]
+) -> dict[str, dict[str, DatasetState]]:
+    """Return job -> its datasets' records from a shard's ``state:datasets`` hash (state v2);
+    a record that does not decode, or of another version, is added to ``unreadable``."""
+    out: dict[str, dict[str, DatasetState]] = {}
+    for field, raw in fields.items():
+        job, _, name = as_text(field).partition("/")
+        try:
+            ds = _dataset_dec.decode(raw)
+            if ds.v != STATE_VERSION:
+                raise msgspec.ValidationError(f"state record version {ds.v}, this reads {STATE_VERSION}")
+        except (msgspec.DecodeError, msgspec.ValidationError, UnicodeError) as exc:
+            key = keys.shard_state(shard, "datasets")
+            unreadable.append({"shard": shard, "key": key, "field": as_text(field), "error": str(exc)})
+            continue
+        out.setdefault(job, {})[name] = ds
+    return out
 
 
 async def _shard_rows(r: redis.asyncio.Redis, keys: Keys, shards: int) -> list[dict[str, Any]]:
@@ -39,11 +60,12 @@ async def _shard_rows(r: redis.asyncio.Redis, keys: Keys, shards: int) -> list[d
             pipe.hgetall(keys.shard_state(s, "aside"))
             pipe.hgetall(keys.shard_state(s, "quarantined"))
             pipe.xpending(keys.events(s), DEFAULT_GROUP)
+            pipe.hgetall(keys.shard_state(s, "datasets"))
         replies = await pipe.execute(raise_on_error=False)
     rows: list[dict[str, Any]] = []
     now_ms = time.time() * 1000
     for s in range(shards):
-        length, groups, dead, jobs, aside, quarantined, summary = replies[7 * s : 7 * s + 7]
+        length, groups, dead, jobs, aside, quarantined, summary, datasets = replies[8 * s : 8 * s + 8]
         oldest = None
         if isinstance(summary, dict) and summary.get("min"):
             # A stream id starts with the milliseconds at which it was written.
@@ -63,6 +85,8 @@ async def _shard_rows(r: redis.asyncio.Redis, keys: Keys, shards: int) -> list[d
                 "dead_letters": int(dead) if not isinstance(dead, rx.ResponseError) else 0,
                 "oldest_pending_s": oldest,
                 "_jobs": jobs if isinstance(jobs, dict) else {},
+                # Open jobs' datasets, field "<job>/<dataset>" (state v2; v1 kept them in the job record).
+                "_datasets": datasets if isinstance(datasets, dict) else {},
                 "_quarantined": quarantined if isinstance(quarantined, dict) else {},
                 # Set by the shard's owner while its state cannot be read (workers/_aside.py).
                 "set_aside": {as_text(k): as_text(v) for k, v in aside.items()} if aside else None,
@@ -132,10 +156,11 @@ async def fleet_status(
         for field, reason in row.pop("_quarantined").items():
             name, _, job = as_text(field).partition("/")
             quarantined[(name, job)] = {"dataset": name, "job": job, "reason": as_text(reason)}
+        of_job = _datasets_of_jobs(row.pop("_datasets"), row["shard"], keys, unreadable)
         for field, raw in row.pop("_jobs").items():
             try:
                 meta = _meta_dec.decode(raw)
-                if meta.v != STATE_VERSION:
+                if meta.v not in READS:
                     raise msgspec.ValidationError(
                         f"state record version {meta.v}, this reads {STATE_VERSION}"
                     )
@@ -151,6 +176,8 @@ async def fleet_status(
                     }
                 )
                 continue
+            if meta.v == STATE_VERSION:  # v2: the job's datasets are records of their own
+                meta = msgspec.structs.replace(meta, datasets=of_job.get(meta.job, {}))
             open_jobs.append(
                 {
                     "job": meta.job,

@@ -75,7 +75,7 @@ from tests._support.fleet import fleet_settings
 from tests._support.processes import ThrowawayRedis
 from workers._core import ShardJobs, decide
 from workers._inflight import InFlight, InFlightBoard, work_label
-from workers._state_store import Batch, ShardStateStore, attempt_fields
+from workers._state_store import Batch, ShardStateStore, attempt_fields, dataset_fields
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKERS = 4
@@ -105,9 +105,10 @@ class Owner:
                 self.state.apply(d)
                 if d.job is not None:
                     batch.jobs.add(d.job.job)
-                if d.attempt is not None and d.job is not None:
+                batch.datasets.update((d.job_id, name) for name in d.datasets or ())
+                if d.attempt is not None:
                     ds, rec = d.attempt
-                    batch.attempts[(d.job.job, ds, rec.task, rec.attempt)] = rec
+                    batch.attempts[(d.job_id, ds, rec.task, rec.attempt)] = rec
                 batch.ack.append(entry.id)
             await self.store.save(batch, self.state)
             n += len(entries)
@@ -123,9 +124,7 @@ class Owner:
         now = time.time()
         names = list(meta.datasets)
         for name in names:
-            changed = self.state.set_status(job, name, "committed")
-            assert changed is not None
-            self.state.jobs[job] = changed
+            assert self.state.set_status(job, name, "committed") is not None
             winners = self.state.winners(job, name) or []
             batch.results[(job, name)] = DatasetResult(
                 status="committed",
@@ -137,6 +136,7 @@ class Owner:
         done = self.state.job_done(job)
         assert done == "committed", done
         batch.drop_attempts.extend(attempt_fields(self.state, job))
+        batch.drop_datasets.extend(dataset_fields(self.state, job))
         self.state.end_job(job, done, now)
         batch.ended.add(job)
         await self.store.save(batch, self.state)

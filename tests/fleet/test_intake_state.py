@@ -30,11 +30,12 @@ async def _aside_events(fleet: InProcessFleet) -> list[ShardSetAside]:
     ("hash_name", "field", "raw", "why"),
     [
         ("jobs", "j-bad", b'{"v":1,"job":"j-bad","opened_at":"yesterday"', "does not decode"),
-        ("jobs", "j-new", b'{"v":2,"job":"j-new","opened_at":1,"deadline":2,"datasets":{}}', "version 2"),
+        ("jobs", "j-new", b'{"v":3,"job":"j-new","opened_at":1,"deadline":2,"datasets":{}}', "version 3"),
+        ("datasets", "j-new/x", b'{"v":3,"status":"open"}', "version 3"),
         ("attempts", "j/x/0/0", b"\xff\xfe not json", "does not decode"),
         ("ended", "j-old", b'{"v":9,"status":"committed","at":1}', "version 9"),
     ],
-    ids=["garbage", "newer-job", "attempt", "ended-version"],
+    ids=["garbage", "newer-job", "newer-dataset", "attempt", "ended-version"],
 )
 async def test_unreadable_shard_state_sets_the_shard_aside_until_the_operator_fixes_it(
     redis_url: str,

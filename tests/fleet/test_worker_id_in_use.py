@@ -118,7 +118,7 @@ async def test_a_dataset_left_waiting_with_every_task_in_is_committed_at_the_nex
     from shared.events import DatasetExpectation, JobFinished
     from shared.queue import shard_of
     from tests._support.fleet_jobs import good_job
-    from workers._core import JobMeta
+    from workers._core import DatasetState
 
     fleet.start("coordinator", "c1")
     fleet.start("worker", "w1")
@@ -136,10 +136,10 @@ async def test_a_dataset_left_waiting_with_every_task_in_is_committed_at_the_nex
 
     await wait_for(recorded, timeout=60, what="the three attempts recorded")
     assert fleet.names["w1"].terminate() == 0
-    meta = msgspec.json.decode(await fleet.redis.hget(jobs_key, "job1"), type=JobMeta)
-    ds = msgspec.structs.replace(meta.datasets["ds1"], status="waiting", expected=DatasetExpectation(tasks=3))
-    stuck = msgspec.structs.replace(meta, datasets={"ds1": ds})
-    await fleet.redis.hset(jobs_key, "job1", msgspec.json.encode(stuck))
+    datasets_key = fleet.keys.shard_state(shard, "datasets")  # each dataset's own record (state v2)
+    ds = msgspec.json.decode(await fleet.redis.hget(datasets_key, "job1/ds1"), type=DatasetState)
+    stuck = msgspec.structs.replace(ds, status="waiting", expected=DatasetExpectation(tasks=3))
+    await fleet.redis.hset(datasets_key, "job1/ds1", msgspec.json.encode(stuck))
     fleet.start("worker", "w1")
 
     async def committed() -> bool:

@@ -67,7 +67,8 @@ def _Runner(state: ShardJobs, store: _Store) -> Any:
 
 def _snapshot(state: ShardJobs) -> tuple[Any, ...]:
     return (
-        dict(state.jobs),
+        # The datasets by value: a status change sets them in place (ShardJobs.put).
+        {job: (meta, dict(meta.datasets)) for job, meta in state.jobs.items()},
         {k: {t: dict(a) for t, a in v.items()} for k, v in state.attempts.items()},
         dict(state.ended),
     )
@@ -113,6 +114,7 @@ def test_a_job_that_was_not_there_is_removed_again() -> None:
     )
     _put_back(state, "new", records)
     assert "new" not in state.jobs and "new" not in state.ended
+    assert not state.live("new") and "c" not in state.lines
 
 
 class _Counting(dict[Any, Any]):

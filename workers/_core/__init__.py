@@ -20,6 +20,8 @@ from ._decide import all_tasks_in, decide
 from ._health import LAG_WINDOW_S, HealthMarks, Limits, Verdict, livez, readyz, startupz
 from ._jobstate import (
     COMMIT_OWNED,
+    PASSED,
+    READS,
     STATE_VERSION,
     TERMINAL,
     Attempt,
@@ -30,6 +32,7 @@ from ._jobstate import (
     ShardJobs,
     Status,
     attempt_field,
+    dataset_field,
 )
 from ._liveness import TimedOut, assume_alive, live_jobs, observe, timed_out
 from ._tally import TaskTally, count_in, satisfies
@@ -39,6 +42,8 @@ from ._work_queue import Queued, WorkQueue
 __all__ = [
     "COMMIT_OWNED",
     "LAG_WINDOW_S",
+    "PASSED",
+    "READS",
     "STATE_VERSION",
     "TERMINAL",
     "Abort",
@@ -67,6 +72,7 @@ __all__ = [
     "assume_alive",
     "attempt_field",
     "count_in",
+    "dataset_field",
     "decide",
     "live_jobs",
     "livez",

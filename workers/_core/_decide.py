@@ -34,21 +34,18 @@ from ._tally import satisfies
 from ._work import Abort, Action, CleanupAttempt, Commit
 
 
-def _open_job(job: str, datasets: list[str], now: float, timeout_s: float, app: str = "") -> JobMeta:
-    return JobMeta(
-        job=job,
-        opened_at=now,
-        deadline=now + timeout_s,
-        datasets={d: DatasetState() for d in datasets},
-        app=app,
-    )
+def _open_job(job: str, now: float, timeout_s: float, app: str = "") -> JobMeta:
+    """Return a new job's record (its datasets come in the decision's ``datasets``)."""
+    return JobMeta(job=job, opened_at=now, deadline=now + timeout_s, datasets={}, app=app)
 
 
-def _with_datasets(meta: JobMeta, names: list[str]) -> JobMeta:
-    missing = [n for n in names if n not in meta.datasets]
-    if not missing:
-        return meta
-    return msgspec.structs.replace(meta, datasets={**meta.datasets, **{n: DatasetState() for n in missing}})
+_OPEN = DatasetState()  # frozen: one shared by every dataset just named
+
+
+def _added(meta: JobMeta | None, names: list[str]) -> dict[str, DatasetState]:
+    """Return the datasets of ``names`` that ``meta`` does not have yet, each ``open`` (O(names))."""
+    have = meta.datasets if meta is not None else _NO_DATASETS
+    return {n: _OPEN for n in names if n not in have}
 
 
 def decide(state: ShardJobs, ev: QueueEvent, *, now: float, default_timeout: float) -> Decision:
@@ -58,6 +55,8 @@ def decide(state: ShardJobs, ev: QueueEvent, *, now: float, default_timeout: flo
     ``workers._liveness``) is the event's ``timeout_s``, or
     ``default_timeout`` when the job was never announced; its life is counted
     from when this shard first heard of it (our clock, not the producer's).
+    The decision names only the datasets the event adds or changes: its cost
+    is the event's size, never the job's.
     """
     ended = state.ended.get(ev.job)
     if isinstance(ev, TaskFinished):
@@ -67,9 +66,10 @@ def decide(state: ShardJobs, ev: QueueEvent, *, now: float, default_timeout: flo
     meta = state.jobs.get(ev.job)
     if isinstance(ev, JobStarted):
         if meta is None:
-            opened = _open_job(ev.job, ev.datasets, now, ev.timeout_s, ev.app)
-            return Decision(job=msgspec.structs.replace(opened, tables=dict(ev.tables), stream=ev.stream))
-        new = _with_datasets(meta, ev.datasets)
+            opened = _open_job(ev.job, now, ev.timeout_s, ev.app)
+            opened = msgspec.structs.replace(opened, tables=dict(ev.tables), stream=ev.stream)
+            return Decision(job=opened, job_id=ev.job, datasets=_added(None, ev.datasets))
+        new = meta
         if new.stream is None and ev.stream is not None:
             # A task's report opened the job first: the start still says which batch it commits.
             new = msgspec.structs.replace(new, stream=ev.stream)
@@ -77,9 +77,10 @@ def decide(state: ShardJobs, ev: QueueEvent, *, now: float, default_timeout: flo
             # A start after a task's report, or a producer binding a dataset as it writes it
             # (a repeated job_started): new bindings are added, a dataset's first one stays.
             new = msgspec.structs.replace(new, tables={**ev.tables, **new.tables})
-        return Decision(
-            job=new if new is not meta else None, note="" if new is not meta else "duplicate start"
-        )
+        added = _added(meta, ev.datasets)
+        if new is meta and not added:
+            return Decision(note="duplicate start", duplicate=True)
+        return Decision(job=new if new is not meta else None, job_id=ev.job, datasets=added)
     if isinstance(ev, JobFinished):
         return _job_finished(state, ev, meta, now=now, default_timeout=default_timeout)
     assert isinstance(ev, JobFailed | JobCancelled)
@@ -91,15 +92,17 @@ def _task_finished(
 ) -> Decision:
     if ended is not None:
         return Decision(actions=(_cleanup(ev),), note=f"job {ev.job} already ended ({ended.status})")
-    meta = state.jobs.get(ev.job) or _open_job(ev.job, [ev.dataset], now, default_timeout)
-    ds = meta.datasets.get(ev.dataset)
+    meta = state.jobs.get(ev.job)
+    opened = _open_job(ev.job, now, default_timeout) if meta is None else None
+    ds = meta.datasets.get(ev.dataset) if meta is not None else None
+    changed: dict[str, DatasetState] | None = None
     if ds is None:
-        meta = _with_datasets(meta, [ev.dataset])
-        ds = meta.datasets[ev.dataset]
+        ds = _OPEN
+        changed = {ev.dataset: ds}
     per_task = state.attempts.get((ev.job, ev.dataset))
     seen = per_task.get(ev.task, _NO_ATTEMPTS) if per_task is not None else _NO_ATTEMPTS
     if ev.attempt in seen:
-        return Decision(note="duplicate attempt")
+        return Decision(note="duplicate attempt", duplicate=True)
     if ds.status not in ("open", "waiting"):
         # The dataset's fate is sealed and every winner is already recorded
         # (a commit needs them all), so a new attempt is a loser: its files go.
@@ -117,16 +120,19 @@ def _task_finished(
             tasks = dict(per_task or _NO_TASKS)
             tasks[ev.task] = {**seen, ev.attempt: rec}
             if _complete(exp, tasks):
-                ds = msgspec.structs.replace(ds, status="committing")
-                meta = msgspec.structs.replace(meta, datasets={**meta.datasets, ev.dataset: ds})
-                actions = (Commit(job=ev.job, dataset=ev.dataset),)
-    return Decision(job=meta, attempt=(ev.dataset, rec), actions=actions)
+                changed = {ev.dataset: msgspec.structs.replace(ds, status="committing")}
+                # Commit now only when no job that finished before holds the dataset:
+                # else its commit follows theirs (ShardJobs.due).
+                if state.first_in_line(ev.dataset) == ev.job:
+                    actions = (Commit(job=ev.job, dataset=ev.dataset),)
+    return Decision(job=opened, job_id=ev.job, datasets=changed, attempt=(ev.dataset, rec), actions=actions)
 
 
 # What a task with no recorded attempt has seen, and a dataset with none
 # (read-only: shared by every lookup).
 _NO_ATTEMPTS: Mapping[int, Attempt] = MappingProxyType({})
 _NO_TASKS: Mapping[int, Mapping[int, Attempt]] = MappingProxyType({})
+_NO_DATASETS: Mapping[str, DatasetState] = MappingProxyType({})
 
 
 def _cleanup(ev: TaskFinished) -> CleanupAttempt:
@@ -153,41 +159,51 @@ def _job_finished(
 ) -> Decision:
     """The job succeeded: commit each dataset whose tasks are all in, wait for the others.
 
+    The decision takes the shard's next decision sequence: each dataset it
+    names records it as ``fin``, and commits in ``fin`` order. A dataset's
+    commit starts at once only when no job that finished before holds the
+    dataset (its line is empty); else it follows theirs (``ShardJobs.due``).
+
     A dataset already named by an earlier ``job_finished`` keeps that one's
     expectation: an identical repeat (a publisher's retry) changes nothing,
     a different one (other winners or task count) is ``inconsistent`` and
     the whole event is rejected. So is a ``job_finished`` for a dataset the
     job was already aborted for (failed, cancelled or timed out): the abort stands.
     """
-    meta = _with_datasets(meta or _open_job(ev.job, [], now, default_timeout), list(ev.datasets))
-    datasets = dict(meta.datasets)
+    opened = _open_job(ev.job, now, default_timeout) if meta is None else None
+    have = meta.datasets if meta is not None else _NO_DATASETS
+    fin = state.seq + 1
+    changed: dict[str, DatasetState] = {}
     actions: list[Action] = []
     for name, exp in ev.datasets.items():
-        ds = datasets[name]
-        if ds.expected is not None:
-            if ds.expected != exp:
+        ds = have.get(name)
+        if ds is not None:
+            if ds.expected is not None:
+                if ds.expected != exp:
+                    return Decision(
+                        reject="inconsistent",
+                        note=f"job_finished of {ev.job} expects {_shown(exp)} for {name!r}, an earlier one"
+                        f" {_shown(ds.expected)}: the first stands",
+                    )
+                continue  # the same expectation again: a repeated delivery
+            if ds.status in ("aborting", "aborted"):
                 return Decision(
                     reject="inconsistent",
-                    note=f"job_finished of {ev.job} expects {_shown(exp)} for {name!r}, an earlier one"
-                    f" {_shown(ds.expected)}: the first stands",
+                    note=f"job_finished of {ev.job} came after {name!r} was aborted ({ds.reason}):"
+                    " the abort stands",
                 )
-            continue  # the same expectation again: a repeated delivery
-        if ds.status in ("aborting", "aborted"):
-            return Decision(
-                reject="inconsistent",
-                note=f"job_finished of {ev.job} came after {name!r} was aborted ({ds.reason}):"
-                " the abort stands",
-            )
         tasks = state.attempts.get((ev.job, name), {})
         if _complete(exp, tasks):
-            datasets[name] = DatasetState(status="committing", expected=exp)
-            actions.append(Commit(job=ev.job, dataset=name))
+            changed[name] = DatasetState(status="committing", expected=exp, fin=fin)
+            if name not in state.lines:
+                actions.append(Commit(job=ev.job, dataset=name))
         else:
-            datasets[name] = DatasetState(status="waiting", expected=exp)
-    new = msgspec.structs.replace(meta, datasets=datasets)
-    if new == meta:
-        return Decision(note="duplicate finish")
-    return Decision(job=new, actions=tuple(actions))
+            changed[name] = DatasetState(status="waiting", expected=exp, fin=fin)
+    if not changed and opened is None:
+        return Decision(note="duplicate finish", duplicate=True)
+    return Decision(
+        job=opened, job_id=ev.job, datasets=changed, seq=fin if changed else 0, actions=tuple(actions)
+    )
 
 
 def _shown(exp: DatasetExpectation) -> str:
@@ -202,15 +218,22 @@ def _job_aborted(
     now: float,
     default_timeout: float,
 ) -> Decision:
-    meta = _with_datasets(meta or _open_job(ev.job, [], now, default_timeout), list(ev.datasets))
-    datasets = dict(meta.datasets)
+    del state
+    opened = _open_job(ev.job, now, default_timeout) if meta is None else None
+    have = meta.datasets if meta is not None else _NO_DATASETS
+    changed: dict[str, DatasetState] = {}
     actions: list[Action] = []
     kind = "cancelled" if isinstance(ev, JobCancelled) else "failed"
     for name in ev.datasets:
-        ds = datasets[name]
+        ds = have.get(name, _OPEN)
         if ds.status not in ("open", "waiting"):
             continue  # a commit that has started wins over a late abort
-        datasets[name] = msgspec.structs.replace(ds, status="aborting", reason=f"{kind}: {ev.reason}")
+        changed[name] = msgspec.structs.replace(ds, status="aborting", reason=f"{kind}: {ev.reason}")
         actions.append(Abort(job=ev.job, dataset=name, reason=f"{kind}: {ev.reason}"))
-    new = msgspec.structs.replace(meta, datasets=datasets)
-    return Decision(job=new, actions=tuple(actions), note="" if actions else "nothing to abort")
+    return Decision(
+        job=opened,
+        job_id=ev.job,
+        datasets=changed,
+        actions=tuple(actions),
+        note="" if actions else "nothing to abort",
+    )

@@ -20,7 +20,7 @@ from collections.abc import Set as AbstractSet
 
 import msgspec
 
-from ._jobstate import ShardJobs
+from ._jobstate import JobMeta, ShardJobs
 from ._work import Abort
 
 
@@ -43,11 +43,7 @@ class TimedOut(msgspec.Struct, frozen=True, kw_only=True):
 
 def live_jobs(state: ShardJobs) -> list[str]:
     """Return the jobs whose fate can still depend on their driver (a dataset open or waiting)."""
-    return [
-        meta.job
-        for meta in state.jobs.values()
-        if any(ds.status in ("open", "waiting") for ds in meta.datasets.values())
-    ]
+    return [job for job in state.jobs if state.live(job)]  # counted per job: O(jobs), not O(datasets)
 
 
 def timed_out(
@@ -64,15 +60,16 @@ def timed_out(
     """
     out: list[TimedOut] = []
     for meta in state.jobs.values():
-        names = tuple(n for n, ds in meta.datasets.items() if ds.status in ("open", "waiting"))
-        if not names:
+        if not state.live(meta.job):
             continue
         if max_duration > 0 and now - meta.opened_at >= max_duration:
+            names = _live_names(meta)
             reason = f"timed out: ran longer than the fleet's max_job_duration ({max_duration:g}s)"
             out.append(TimedOut(job=meta.job, datasets=names, timeout_s=max_duration, reason=reason))
             continue
         last = max(seen.get(meta.job, meta.opened_at), meta.opened_at)
         if now - last >= meta.timeout_s:
+            names = _live_names(meta)
             reason = f"timed out: no sign of life from its driver for {meta.timeout_s:g}s"
             out.append(TimedOut(job=meta.job, datasets=names, timeout_s=meta.timeout_s, reason=reason))
     return out
@@ -107,6 +104,11 @@ def assume_alive(jobs: Iterable[str], now: float) -> dict[str, float]:
     price: a dead driver's job is aborted up to one timeout later.
     """
     return dict.fromkeys(jobs, now)
+
+
+def _live_names(meta: JobMeta) -> tuple[str, ...]:
+    """Return the job's datasets still ``open`` or ``waiting`` (once, for a job that timed out)."""
+    return tuple(n for n, ds in meta.datasets.items() if ds.status in ("open", "waiting"))
 
 
 __all__ = ["TimedOut", "assume_alive", "live_jobs", "observe", "timed_out"]
