@@ -37,7 +37,14 @@ def events(
     dataset: Annotated[str | None, typer.Option(help="Only this dataset.")] = None,
     job: Annotated[str | None, typer.Option(help="Only this job.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
-    last: Annotated[int, typer.Option(min=0, help="Show the last N matching events first (0 = none).")] = 50,
+    last: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Show the last N matching events first (0 = none), looking back at most "
+            "max(20 N, 10,000) entries.",
+        ),
+    ] = 50,
 ) -> None:
     """Show the admin event stream (``--follow`` keeps going)."""
     from coordinator.admin import event_types, filter_names
