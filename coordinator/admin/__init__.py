@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from shared import lazy_exports
 
 if TYPE_CHECKING:
-    from ._filter import event_matches, event_types
+    from ._filter import event_matches, event_types, filter_names
     from ._http import AdminServer
     from ._status import fleet_status, get_status
 
@@ -20,6 +20,7 @@ _WHERE = {
     "AdminServer": "._http",
     "event_matches": "._filter",
     "event_types": "._filter",
+    "filter_names": "._filter",
     "fleet_status": "._status",
     "get_status": "._status",
 }
@@ -27,4 +28,4 @@ _WHERE = {
 __getattr__ = lazy_exports(__name__, _WHERE)
 
 
-__all__ = ["AdminServer", "event_matches", "event_types", "fleet_status", "get_status"]
+__all__ = ["AdminServer", "event_matches", "event_types", "filter_names", "fleet_status", "get_status"]

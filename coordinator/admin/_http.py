@@ -6,6 +6,11 @@ Routes:
 - ``GET /events``   server-sent events of the admin stream; query ``type``,
   ``dataset``, ``job`` filter; ``from`` (``$`` = from now, ``0`` = replay the
   capped stream) or the ``Last-Event-ID`` header resumes
+- ``GET /events/recent``  the last admin events, newest first, as JSON: the
+  same filters, ``limit`` (1..:data:`RECENT_MAX`), ``before`` (a cursor);
+  reads at most :data:`RECENT_SCAN` entries per request and answers the
+  stream's ``head`` (follow the live events from it: ``/events?from=<head>``)
+  and a ``cursor`` for older events
 - ``GET /metrics``  Prometheus text format
 - ``GET /healthz``  ``ok`` (no token, no Host check: it tells nothing)
 - ``/ui``           the web console (coordinator/admin/_ui.py)
@@ -41,11 +46,12 @@ from shared.queue import (
     keep_repeated_fields,
     queue_operator_request,
     read_admin_range,
+    read_admin_recent,
     redis_errors,
 )
 
 from . import _ui
-from ._filter import event_matches, event_types
+from ._filter import event_matches, event_types, filter_names
 from ._metrics import CONTENT_TYPE, FleetMetrics
 from ._status import fleet_status
 from ._ui_auth import allowed_hosts, authorized, check_bind, host_allowed
@@ -91,6 +97,13 @@ OPEN_PATHS = frozenset({"/healthz"})
 _DATA = DATA_FIELD.encode()
 STREAM_ID = re.compile(r"\$|[0-9]{1,20}(-[0-9]{1,20})?")
 _U64_MAX = 2**64 - 1
+# GET /events/recent: events per answer by default and at most; entries read per request at most
+# (a filter that matches nothing reads this many, then answers a cursor to go on from).
+RECENT_DEFAULT = 100
+RECENT_MAX = 1000
+RECENT_SCAN = 10_000
+_FILTER_PARAMS = ("type", "dataset", "job")
+_RECENT_PARAMS = frozenset({*_FILTER_PARAMS, "limit", "before"})
 
 
 def stream_id_ok(text: str) -> bool:
@@ -137,6 +150,7 @@ class AdminServer:
             [
                 web.get("/status", self._status),
                 web.get("/events", self._events),
+                web.get("/events/recent", self._recent),
                 web.get("/metrics", self._metrics),
                 web.get("/healthz", self._health),
             ]
@@ -323,6 +337,42 @@ class AdminServer:
         body = self.metrics.render(doc, sse_clients=self.sse_clients)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
+    async def _recent(self, request: web.Request) -> web.Response:
+        """Answer the last matching admin events (``GET /events/recent``).
+
+        Returns 200 with the page, 400 on a bad query, 503 when Redis is unavailable.
+        """
+        q = request.query
+        try:
+            unknown = sorted(set(q) - _RECENT_PARAMS)
+            if unknown:
+                known = ", ".join(sorted(_RECENT_PARAMS))
+                raise BadInput(f"unknown parameter {unknown[0][:40]!r}; known: {known}")
+            types, dataset, job = _filter_query(q)
+            limit = _limit(q)
+            before = _single(q, "before")
+            if before is not None and (before == "$" or not stream_id_ok(before)):
+                raise BadInput(f"bad cursor {before[:40]!r}: use the cursor of an earlier answer (ms-seq)")
+        except BadInput as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+
+        def match(ev: AdminEvent) -> bool:
+            return event_matches(ev, types=types, dataset=dataset, job=job)
+
+        try:
+            page = await read_admin_recent(
+                self.r, self.keys, limit=limit, scan=RECENT_SCAN, match=match, before=before
+            )
+        except TransientError as exc:
+            return web.json_response({"error": str(exc)}, status=503)
+        doc = {
+            "events": [{"id": i.decode(), "event": ev} for i, ev in page.events],
+            "head": None if page.head is None else page.head.decode(),
+            "cursor": None if page.cursor is None else page.cursor.decode(),
+            "scanned": page.scanned,
+        }
+        return web.Response(body=msgspec.json.encode(doc), content_type="application/json")
+
     async def _events(self, request: web.Request) -> web.StreamResponse:
         c = self.settings.coordinator
         if self.sse_clients >= c.sse_max_clients:
@@ -342,10 +392,9 @@ class AdminServer:
         c = self.settings.coordinator
         q = request.query
         try:
-            types = event_types([q.get("type", "")])
+            types, dataset, job = _filter_query(q)
         except BadInput as exc:
             return web.json_response({"error": str(exc)}, status=400)
-        dataset, job = q.get("dataset"), q.get("job")
         start = request.headers.get("Last-Event-ID") or q.get("from", "$")
         if not stream_id_ok(start):
             error = f"bad stream id {start[:40]!r}: use $, 0 or ms-seq"
@@ -381,3 +430,44 @@ class AdminServer:
         except ConnectionResetError:
             pass  # the client went away between two writes
         return resp
+
+
+def _single(q: Any, name: str) -> str | None:
+    """Return query parameter ``name`` (None when absent).
+
+    Raises:
+        BadInput: given more than once.
+    """
+    values = q.getall(name, [])
+    if len(values) > 1:
+        raise BadInput(f"give {name} once")
+    return str(values[0]) if values else None
+
+
+def _filter_query(q: Any) -> tuple[set[str], str | None, str | None]:
+    """Return the event filter of a query: (types, dataset, job); empty/None = no filter.
+
+    ``type`` may repeat or list types with commas; ``dataset`` and ``job`` are
+    given once, as names an event can carry (an empty value = no filter).
+
+    Raises:
+        BadInput: an unknown type, a bad name, a repeated dataset or job.
+    """
+    types = event_types(q.getall("type", []))
+    dataset, job = _single(q, "dataset") or None, _single(q, "job") or None
+    filter_names(dataset, job)
+    return types, dataset, job
+
+
+def _limit(q: Any) -> int:
+    """Return the query's ``limit`` (default RECENT_DEFAULT).
+
+    Raises:
+        BadInput: not a whole number from 1 to RECENT_MAX.
+    """
+    text = _single(q, "limit")
+    if text is None:
+        return RECENT_DEFAULT
+    if not (text.isascii() and text.isdigit() and len(text) <= 6 and 1 <= int(text) <= RECENT_MAX):
+        raise BadInput(f"limit {text[:40]!r}: give a whole number from 1 to {RECENT_MAX}")
+    return int(text)

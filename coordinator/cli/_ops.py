@@ -37,16 +37,24 @@ def events(
     dataset: Annotated[str | None, typer.Option(help="Only this dataset.")] = None,
     job: Annotated[str | None, typer.Option(help="Only this job.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
-    last: Annotated[int, typer.Option(help="Show the last N events first (0 = none).")] = 50,
+    last: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Show the last N matching events first (0 = none), looking back at most "
+            "max(20 N, 10,000) entries.",
+        ),
+    ] = 50,
 ) -> None:
     """Show the admin event stream (``--follow`` keeps going)."""
-    from coordinator.admin import event_types
+    from coordinator.admin import event_types, filter_names
 
     from ._ops_run import print_events
 
     s = settings_or_exit(config)
     try:
         types = event_types(type_ or [])
+        filter_names(dataset, job)
     except BadInput as exc:
         err.print(f"commitfleet: {exc}", markup=False, highlight=False)
         raise typer.Exit(2) from None

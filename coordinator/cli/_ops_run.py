@@ -32,7 +32,7 @@ from shared.queue import (
     existing_fleet,
     follow_admin,
     queue_operator_request,
-    read_admin_range,
+    read_admin_recent,
     redis_errors,
 )
 
@@ -103,23 +103,24 @@ async def print_events(
     as_json: bool,
     last: int,
 ) -> None:
-    """Print the last ``last`` matching admin events, then follow when asked (until Ctrl-C)."""
+    """Print the last ``last`` matching admin events, then follow when asked (until Ctrl-C).
+
+    The history is read as ``GET /events/recent`` reads it (newest first, then
+    printed oldest first), looking at most ``max(20 * last, 10,000)`` entries
+    back; following starts after the newest entry at that moment.
+    """
     keys = Keys(s.fleet.name)
     async with _redis(s) as r:
         start: bytes | str = "$"
         if last > 0:
-            with redis_errors("XREVRANGE admin"):
-                rows: Any = await r.xrevrange(keys.admin, count=max(last * 20, 1000))
-            first = rows[-1][0] if rows else None
-            if first is not None:
-                shown = [
-                    (i, ev)
-                    for i, ev in await read_admin_range(r, keys, start=first)
-                    if event_matches(ev, types=types, dataset=dataset, job=job)
-                ][-last:]
-                for entry_id, ev in shown:
-                    print(_line(entry_id, ev, as_json), flush=True)
-                start = rows[0][0]
+
+            def match(ev: AdminEvent) -> bool:
+                return event_matches(ev, types=types, dataset=dataset, job=job)
+
+            page = await read_admin_recent(r, keys, limit=last, scan=max(last * 20, 10_000), match=match)
+            for entry_id, ev in reversed(page.events):
+                print(_line(entry_id, ev, as_json), flush=True)
+            start = page.head or "$"
         if not follow:
             return
 

@@ -4,7 +4,15 @@ dead letters, the admin stream and the fleet's meta record.
 See docs/queue.md for the key layout, entry fields and consumer-group semantics.
 """
 
-from ._admin_stream import DEFAULT_ADMIN_MAXLEN, AdminPublisher, Outcome, follow_admin, read_admin_range
+from ._admin_stream import (
+    DEFAULT_ADMIN_MAXLEN,
+    AdminPublisher,
+    Outcome,
+    RecentPage,
+    follow_admin,
+    read_admin_range,
+    read_admin_recent,
+)
 from ._cluster import is_cluster
 from ._connect import connect, connect_sync, redis_errors
 from ._consumer import DEFAULT_GROUP, ConsumerInfo, ShardConsumer, ShardLag, Trimmed, trim_acknowledged
@@ -66,6 +74,7 @@ from ._stream_runs import (
 
 __all__ = [
     "Outcome",
+    "RecentPage",
     "retry_sync",
     "PROBE_TIMEOUT_S",
     "check_durability",
@@ -126,6 +135,7 @@ __all__ = [
     "join_fleet",
     "plan_entries",
     "read_admin_range",
+    "read_admin_recent",
     "read_dead_letters",
     "read_fleet_meta",
     "redis_errors",

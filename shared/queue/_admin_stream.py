@@ -16,7 +16,8 @@ forgotten first) and none older than ``marker_retention_s``.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 import redis.asyncio
@@ -243,19 +244,26 @@ class AdminPublisher:
         return self._outcome_script
 
 
-def _decoded(entries: list[Entry]) -> list[tuple[bytes, AdminEvent]]:
+def _decoded(entries: list[Entry], *, skipped: list[str] | None = None) -> list[tuple[bytes, AdminEvent]]:
+    """Return the entries that decode, in order; log each skipped one, or add its id to ``skipped``."""
     out: list[tuple[bytes, AdminEvent]] = []
     for entry in entries:
         data = entry.fields.get(_DATA)
         if data is None:
             fields = entry.fields
             why = fields.rejection().detail if type(fields) is RepeatedFields else "has no data field"
-            log.warning("admin entry %s skipped: %s", entry.id.decode(), why)
+            if skipped is None:
+                log.warning("admin entry %s skipped: %s", entry.id.decode(), why)
+            else:
+                skipped.append(entry.id.decode())
             continue
         try:
             out.append((entry.id, decode_admin(data)))
         except InvalidMessage as exc:
-            log.warning("admin entry %s skipped: %s", entry.id.decode(), exc)
+            if skipped is None:
+                log.warning("admin entry %s skipped: %s", entry.id.decode(), exc)
+            else:
+                skipped.append(entry.id.decode())
     return out
 
 
@@ -329,12 +337,106 @@ async def read_admin_range(
     return _decoded(entries_from_reply([[keys.admin, rows]]))
 
 
+@dataclass(frozen=True, slots=True)
+class RecentPage:
+    """One page of :func:`read_admin_recent`: the matching events, newest first, and where to go on."""
+
+    # (stream id, event), newest first.
+    events: list[tuple[bytes, AdminEvent]]
+    # The newest id in the stream when the read began at its end (``before`` None; b"0-0" when
+    # empty): a follower that starts after it (XREAD from it, SSE ``from``) sees every later
+    # entry and none of these again. None when the page began at a cursor.
+    head: bytes | None
+    # Go on strictly before this id for older events; None when the start of the stream was reached.
+    cursor: bytes | None
+    # Entries read (matching or not, undecodable ones included).
+    scanned: int
+
+
+# Entries read per XREVRANGE of read_admin_recent.
+RECENT_READ_PAGE: Final = 500
+
+
+async def read_admin_recent(
+    redis_client: redis.asyncio.Redis,
+    keys: Keys,
+    *,
+    limit: int,
+    scan: int,
+    match: Callable[[AdminEvent], bool] | None = None,
+    before: bytes | str | None = None,
+) -> RecentPage:
+    """Return up to ``limit`` of the newest admin events that ``match``, reading at most ``scan`` entries.
+
+    Reads backwards from the newest entry (or from just before the cursor
+    ``before``) with XREVRANGE, :data:`RECENT_READ_PAGE` entries at a time.
+    It stops at ``limit`` matches, after ``scan`` entries read, or at the start
+    of the stream, whichever comes first: a filter that matches nothing costs
+    ``scan`` entries, not the stream. The page's ``cursor`` continues it.
+    Undecodable entries are counted in ``scanned`` and skipped (one debug
+    line per call, not one per entry).
+
+    Raises:
+        ValueError: ``limit`` or ``scan`` below 1.
+        TransientError: Redis is unreachable.
+
+    Cancellation: stops at once (reads only).
+    """
+    if limit < 1 or scan < 1:
+        raise ValueError("limit and scan must be >= 1")
+    keep_repeated_fields(redis_client)
+    end: bytes | str = "+"
+    if before is not None:
+        raw = before.encode() if isinstance(before, str) else before
+        if not raw.replace(b"0", b"").strip(b"-"):
+            # Nothing is older than 0-0 (and Redis refuses "(0-0" as a range's end).
+            return RecentPage(events=[], head=None, cursor=None, scanned=0)
+        end = b"(" + raw
+    head: bytes | None = None
+    events: list[tuple[bytes, AdminEvent]] = []
+    skipped: list[str] = []
+    scanned = 0
+    cursor: bytes | None = None
+    while True:
+        want = min(RECENT_READ_PAGE, scan - scanned)
+        with redis_errors("XREVRANGE admin"):
+            rows = await redis_client.xrevrange(keys.admin, max=end, min="-", count=want)
+        raise_if_cancelling()
+        entries = entries_from_reply([[keys.admin, rows]])
+        if before is None and head is None:
+            head = entries[0].id if entries else b"0-0"
+        for entry_id, ev in _decoded(entries, skipped=skipped):
+            if match is None or match(ev):
+                events.append((entry_id, ev))
+                if len(events) == limit:
+                    cursor = entry_id
+                    break
+        if cursor is not None:
+            # Stopped at the limit: the entries after the match in this read were not looked at.
+            scanned += next(n for n, e in enumerate(entries, 1) if e.id == cursor)
+            break
+        scanned += len(entries)
+        if len(entries) < want:
+            break  # the start of the stream: nothing older
+        cursor = entries[-1].id
+        if scanned >= scan:
+            break
+        end = b"(" + cursor
+        cursor = None
+    if skipped:
+        log.debug("%d admin entries skipped (undecodable), e.g. %s", len(skipped), skipped[0])
+    return RecentPage(events=events, head=head, cursor=cursor, scanned=scanned)
+
+
 __all__ = [
     "DEFAULT_ADMIN_MAXLEN",
     "DEFAULT_MARKERS_MAX",
     "OUTCOME_RETENTION_S",
+    "RECENT_READ_PAGE",
     "AdminPublisher",
     "Outcome",
+    "RecentPage",
     "follow_admin",
     "read_admin_range",
+    "read_admin_recent",
 ]

@@ -196,6 +196,11 @@ async def test_status_events_audit_and_http_api(fleet: Fleet) -> None:
     res = await cli("events", "--config", cfg, "--json", "--type", "commited")
     assert res.rc == 2 and res.out == ""
     assert "unknown admin event type(s) 'commited'" in res.err and "committed" in res.err, res.err
+    # A name no event can carry would match nothing: refused, as GET /events and /events/recent refuse it.
+    for bad in (("--dataset", "../alpha"), ("--job", "j bad")):
+        res = await cli("events", "--config", cfg, "--json", *bad)
+        assert res.rc == 2 and res.out == "", bad
+        assert bad[0].removeprefix("--") in res.err and "\n" not in res.err.strip(), res.err
     res = await cli("events", "--config", cfg, "--json", "--dataset", "alpha")
     assert res.rc == 0, res.err
     got = res.json_lines()

@@ -92,3 +92,16 @@ def test_commit_history_window() -> None:
         h.add(now + m * 60, 0.1)
     assert len(h._minutes) <= WINDOW_MINUTES + 1
     assert window_start_id(now) == f"{int((now - WINDOW_MINUTES * 60) * 1000)}-0"
+
+
+def test_the_console_knows_every_admin_event_type() -> None:
+    # The events panel's type filter and its live listeners come from one list in app.js.
+    import re
+    from importlib import resources
+
+    from shared.events import ADMIN_EVENT_TYPES
+
+    js = (resources.files("coordinator.admin") / "ui_static" / "app.js").read_text()
+    found = re.search(r"const EVENT_TYPES = \[(.*?)\];", js, re.S)
+    assert found, "app.js has no EVENT_TYPES list"
+    assert sorted(re.findall(r'"([a-z_]+)"', found.group(1))) == sorted(ADMIN_EVENT_TYPES)

@@ -4,8 +4,20 @@
 
 const STATUS_EVERY_MS = 2000;
 const HISTORY_EVERY_MS = 30000;
-const MAX_EVENTS = 200;
+const RELOAD_EVENTS_MS = 5000;  // the wait before the history is asked for again after a failure
+const PAGE_EVENTS = 200;  // events per /events/recent page
+const MAX_EVENTS_KEPT = 1000;  // events the panel keeps (the oldest go first)
+// The admin event types (the server's ADMIN_EVENT_TYPES; a unit test keeps them equal).
+const EVENT_TYPES = ["worker_joined", "worker_left", "shards_assigned", "commit_started", "committed", "aborted",
+  "quarantined", "lock_taken_over", "recovery_done", "message_rejected", "job_timed_out", "operator_action",
+  "shard_set_aside", "stream_reset"];
 let history = null;
+// The events panel: its live stream, the ids shown (no event twice), the cursor of older events,
+// and a generation that outdates the answers of filters changed since.
+let source = null;
+const seen = new Set();
+let cursor = null;
+let generation = 0;
 
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
@@ -95,12 +107,39 @@ function describe(ev) {
     .map(([k, v]) => `${k}=${typeof v === "object" ? JSON.stringify(v) : v}`).join(" ");
 }
 
-function addEvent(type, ev) {
-  const list = document.getElementById("events");
+function eventItem(id, type, ev) {
   const when = new Date(ev.at * 1000).toLocaleTimeString();
-  list.prepend(el("li", { class: type, "data-type": type, "data-dataset": ev.dataset || "" },
-    `${when} `, el("span", { class: "tag" }, type), " ", describe(ev)));
-  while (list.children.length > MAX_EVENTS) list.lastChild.remove();
+  return el("li", { class: type, "data-id": id, "data-type": type, "data-dataset": ev.dataset || "",
+    "data-job": ev.job || "" }, `${when} `, el("span", { class: "tag" }, type), " ", describe(ev));
+}
+
+function trimEvents(list) {
+  // Live events push the oldest out; "older events" then goes on from the oldest one kept.
+  while (list.children.length > MAX_EVENTS_KEPT) {
+    seen.delete(list.lastChild.dataset.id);
+    list.lastChild.remove();
+    cursor = list.lastChild.dataset.id;
+  }
+  showOlder();
+}
+
+function addEvent(id, type, ev) {
+  // A live event: newest on top, once (the history was read up to the head the stream starts after).
+  if (seen.has(id)) return;
+  seen.add(id);
+  const list = document.getElementById("events");
+  list.prepend(eventItem(id, type, ev));
+  trimEvents(list);
+}
+
+function addOlder(items) {
+  // A page of /events/recent: newest first, below what is shown (asked for: not trimmed here).
+  const list = document.getElementById("events");
+  for (const { id, event } of items) {
+    if (seen.has(id)) continue;
+    seen.add(id);
+    list.append(eventItem(id, event.type, event));
+  }
 }
 
 function bars(svg, values, max) {
@@ -175,26 +214,121 @@ async function refreshHistory() {
   try { history = await getJSON("/ui/api/commits"); renderHistory(); } catch (e) { console.warn(e); }
 }
 
-function follow() {
+function eventQuery() {
+  // The panel's filters as a query string (empty ones left out); the same for history and live.
+  const q = new URLSearchParams();
+  const type = document.getElementById("ev-type").value;
+  const job = document.getElementById("ev-job").value.trim();
+  const dataset = document.getElementById("ev-dataset").value.trim();
+  if (type) q.set("type", type);
+  if (job) q.set("job", job);
+  if (dataset) q.set("dataset", dataset);
+  return q;
+}
+
+function showOlder() {
+  document.getElementById("events-older").hidden = cursor === null;
+}
+
+async function recent(q) {
+  // One page of /events/recent; a refused filter (400) shows the server's reason.
+  const resp = await fetch(`/events/recent?${q}`, { credentials: "same-origin", cache: "no-store" });
+  if (resp.status === 401) { location.href = "/ui/login"; throw new Error("signed out"); }
+  const body = await resp.json().catch(() => ({}));
+  if (!resp.ok) throw Object.assign(new Error(body.error || `HTTP ${resp.status}`), { status: resp.status });
+  return body;
+}
+
+async function loadEvents() {
+  // The last events (bounded), then the live ones after the head that history was read to.
+  const gen = ++generation;
+  if (source) { source.close(); source = null; }
+  const note = document.getElementById("events-note");
+  const list = document.getElementById("events");
+  list.replaceChildren();
+  seen.clear();
+  cursor = null;
+  showOlder();
+  note.className = "result";
+  note.textContent = "loading…";
+  const q = eventQuery();
+  q.set("limit", String(PAGE_EVENTS));
+  let page;
+  try { page = await recent(q); } catch (e) {
+    if (gen !== generation) return;
+    note.className = "result error";
+    note.textContent = `events: ${e.message}`;
+    if (e.status !== 400) {
+      // Redis or the coordinator unavailable: try again (a refused filter waits for new filters).
+      const live = document.getElementById("live");
+      live.className = "live off"; live.textContent = "events: reconnecting";
+      setTimeout(() => { if (gen === generation) loadEvents(); }, RELOAD_EVENTS_MS);
+    }
+    return;
+  }
+  if (gen !== generation) return;  // the filters changed meanwhile
+  addOlder(page.events);
+  cursor = page.cursor;
+  showOlder();
+  note.textContent = page.events.length ? "" : "no matching events in the newest part of the stream";
+  q.delete("limit");
+  follow(q, page.head);
+}
+
+async function loadOlder() {
+  if (cursor === null) return;
+  const gen = generation;
+  const q = eventQuery();
+  q.set("limit", String(PAGE_EVENTS));
+  q.set("before", cursor);
+  const note = document.getElementById("events-note");
+  try {
+    const page = await recent(q);
+    if (gen !== generation) return;
+    addOlder(page.events);
+    cursor = page.cursor;
+    showOlder();
+    note.className = "result";
+    note.textContent = page.events.length ? "" : `no matching events in ${page.scanned} older entries`;
+  } catch (e) {
+    note.className = "result error";
+    note.textContent = `events: ${e.message}`;
+  }
+}
+
+function follow(q, head) {
+  // The live events that match, from just after the head (the browser resumes with Last-Event-ID).
   const live = document.getElementById("live");
-  const source = new EventSource("/events?from=$");
+  q.set("from", head);
+  source = new EventSource(`/events?${q}`);
+  const mine = source;
   source.onopen = () => { live.className = "live on"; live.textContent = "events: live"; };
-  source.onerror = () => { live.className = "live off"; live.textContent = "events: reconnecting"; };
-  const types = ["worker_joined", "worker_left", "shards_assigned", "commit_started", "committed", "aborted",
-    "quarantined", "lock_taken_over", "recovery_done", "message_rejected", "job_timed_out", "operator_action",
-    "shard_set_aside", "stream_reset"];
-  for (const type of types) {
+  source.onerror = () => {
+    if (source !== mine) return;
+    live.className = "live off"; live.textContent = "events: reconnecting";
+  };
+  for (const type of EVENT_TYPES) {
     source.addEventListener(type, (msg) => {
+      if (source !== mine) return;
       const ev = JSON.parse(msg.data);
-      addEvent(type, ev);
+      addEvent(msg.lastEventId, type, ev);
       if (type === "committed") countCommit(ev);
       if (type !== "commit_started") refreshStatus();
     });
   }
 }
 
+function setupEvents() {
+  const select = document.getElementById("ev-type");
+  select.append(...EVENT_TYPES.map((t) => el("option", { value: t }, t)));
+  select.addEventListener("change", loadEvents);
+  document.getElementById("event-filter").addEventListener("submit", (e) => { e.preventDefault(); loadEvents(); });
+  document.getElementById("events-older").addEventListener("click", loadOlder);
+  loadEvents();
+}
+
 refreshStatus();
 refreshHistory();
-follow();
+setupEvents();
 setInterval(refreshStatus, STATUS_EVERY_MS);
 setInterval(refreshHistory, HISTORY_EVERY_MS);
