@@ -55,8 +55,10 @@ from ._queue_events import (
     QUEUE_EVENT_TYPES,
     SCHEMA_VERSION,
     STREAM_APP_PATTERN,
+    TRACEPARENT_PATTERN,
     DatasetExpectation,
     JobCancelled,
+    JobEvent,
     JobFailed,
     JobFinished,
     JobStarted,
@@ -66,6 +68,7 @@ from ._queue_events import (
     TableBinding,
     TableMode,
     TaskFinished,
+    TraceContext,
     event_datasets,
     event_type,
     restrict_to,
@@ -85,6 +88,9 @@ from ._signing import (
 from ._validation import ValidationLimits, check_task_index, validate_event
 
 __all__ = [
+    "JobEvent",
+    "TRACEPARENT_PATTERN",
+    "TraceContext",
     "TableMode",
     "ADMIN_EVENT_TYPES",
     "Aborted",
