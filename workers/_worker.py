@@ -59,6 +59,7 @@ from shared.fleet import (
 from shared.locks import SharedReleaseNotifier
 from shared.queue import AdminPublisher, Keys, connect, join_fleet
 from shared.storage import open_store
+from shared.tracing import Tracer, open_tracer
 
 from ._context import WorkerContext
 from ._heap import trim_heap_forever, tune_gc
@@ -84,6 +85,7 @@ class Worker:
         worker_id: str | None = None,
         hard_exit_after: float | None = None,
         probe: Probe | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
         """Prepare a worker; nothing connects until :meth:`run`.
 
@@ -91,6 +93,9 @@ class Worker:
         seconds later if it is still alive (set by :func:`run_worker`; never in
         an in-process test). ``probe``: awaited at each named point of the
         commit path and intake (:mod:`workers._probe`; a test's hook, by default nothing).
+        ``tracer``: the spans' tracer, owned by the caller; None: the one
+        ``tracing`` settings choose (:func:`shared.tracing.open_tracer`), opened
+        by :meth:`run` and closed (flushed) when it ends.
 
         Raises:
             ConfigError: no store URL configured, or a bad worker id.
@@ -105,6 +110,7 @@ class Worker:
         self.ready = asyncio.Event()
         self._hard_exit_after = hard_exit_after
         self._probe = probe or no_probe
+        self._tracer = tracer
         self._shards = ShardRunners(settings, self.worker_id)
         self._runners = self._shards.by_shard  # shard -> (runner, task); the same dict, never replaced
         # Set when the worker starts leaving: its heartbeat must not bring it back.
@@ -134,6 +140,16 @@ class Worker:
         Cancellation: treated like a shutdown without the grace period (runners
         are cancelled, locks released shielded, the lease deleted shielded).
         """
+        s = self.settings
+        tracer = self._tracer or open_tracer(s.tracing, service="commitfleet-worker")
+        try:
+            await self._run(tracer)
+        finally:
+            if self._tracer is None:
+                # Flushing may wait on the exporter (bounded by OTEL_BSP_EXPORT_TIMEOUT): not on the loop.
+                await run_shielded(asyncio.to_thread(tracer.close))
+
+    async def _run(self, tracer: Tracer) -> None:
         s = self.settings
         redis_client = connect(s.redis, client_name=f"commitfleet-worker-{self.worker_id}")
         crashed: BaseException | None = None
@@ -168,6 +184,7 @@ class Worker:
                     # in _work) is the only user of its pub/sub connection.
                     notifier=SharedReleaseNotifier(redis_client, keys.fleet_key("locks")),
                     probe=self._probe,
+                    tracer=tracer,
                 )
                 started = time.time()
                 joined = await wait_until_up(
