@@ -3,7 +3,8 @@ abort spans, one trace per job, recorded by the SDK's in-memory exporter (docs/t
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
+from collections.abc import Awaitable, Iterator
 from pathlib import Path
 
 import msgspec
@@ -13,7 +14,8 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from shared.events import JobFailed, JobFinished, JobStarted, QueueEvent, TraceContext
+from shared.events import JobFailed, JobFinished, JobStarted, QueueEvent, TraceContext, encode_event
+from shared.queue import DeadLetter
 from shared.tracing import TraceCarrier, otel_tracer
 from tests._support.fleet import fleet_settings, inprocess_fleet
 from tests._support.fleet_checks import committed, no_staging_left
@@ -128,3 +130,52 @@ async def test_a_jobs_worker_spans_join_its_producer_trace(
     # Phase spans hang under a span of the fleet, never loose.
     for s in _named(spans, "commitfleet.publish"):
         assert s.parent is not None and by_id[s.parent.span_id].name == "commitfleet.commit"
+
+
+async def test_a_malformed_trace_context_is_dead_lettered_and_the_shard_goes_on(
+    redis_url: str,
+    redis_client: redis.asyncio.Redis,
+    fleet_name: str,
+    tmp_path: Path,
+    exporter: InMemorySpanExporter,
+) -> None:
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    settings = fleet_settings(redis_url, tmp_path / "store", fleet_name, shards=SHARDS)
+    ds = dataset_on(3, SHARDS)
+    async with inprocess_fleet(redis_client, settings, tracer=otel_tracer(provider)) as fleet:
+        started = JobStarted(job="odd", datasets=[ds], timeout_s=600, started_at=1.0)
+        good = json.loads(encode_event(started))
+        bad_version = {**good, "trace": {"traceparent": "ff-" + "1" * 32 + "-" + "2" * 16 + "-01"}}
+        upper = {**good, "job": "odd2", "trace": {"traceparent": "00-" + "A" * 32 + "-" + "2" * 16 + "-01"}}
+        await fleet.publisher.publish_fields(
+            [(3, {"data": json.dumps(doc).encode()}) for doc in (bad_version, upper)]
+        )
+        await wait_for(lambda: _two(fleet.dead(3)), timeout=30, what="both dead letters")
+        dead = await fleet.dead(3)
+        assert [d.reason for d in dead] == ["schema", "schema"]
+        assert all("$.trace.traceparent" in d.detail for d in dead)
+        # The shard reads on: a traced job behind them commits, with its spans.
+        with otel_tracer(provider).span("driver") as driver:
+            carrier = driver.carrier()
+        assert carrier is not None
+        await fleet.publisher.publish_many(
+            _traced(await good_job(fleet.store, "after", [ds], tasks=1), carrier)
+        )
+        await wait_for(lambda: committed(fleet.store, [ds], "after"), timeout=60, what="commit after them")
+
+        async def commit_span() -> list[ReadableSpan]:
+            return _named(exporter.get_finished_spans(), "commitfleet.commit", "after")
+
+        (span,) = await wait_for(commit_span, timeout=30, what="the commit span")
+        assert span.context.trace_id == int(carrier.trace_id, 16)
+    # Nothing of the rejected events made a span.
+    assert not [
+        s
+        for s in exporter.get_finished_spans()
+        if (s.attributes or {}).get("commitfleet.job") in ("odd", "odd2")
+    ]
+
+
+async def _two(dead: Awaitable[list[DeadLetter]]) -> bool:
+    return len(await dead) == 2
