@@ -103,3 +103,24 @@ def otlp_collector() -> Iterator[Collector]:
         server.shutdown()
         server.server_close()
         thread.join(timeout=10)
+
+
+def serve_in_this_process() -> None:
+    """``python -m tests._support.otlp_collector``: serve until SIGTERM; print the endpoint first, and the
+    span count and names last (a benchmark's collector, kept out of the measured process)."""
+    import signal
+    import sys
+
+    with otlp_collector() as collector:
+        print(collector.endpoint, flush=True)
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        stop.wait()
+        spans = collector.spans()
+        names = ", ".join(sorted({s.name for s in spans}))
+        sys.stdout.write(f"{len(spans)} spans ({names})\n")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    serve_in_this_process()

@@ -9,12 +9,14 @@ first in even ones):
   carries a producer context, so its intake span is recorded);
 - **commit**: ``commitfleet bench commit``'s ``core`` mode (``--datasets``
   datasets of ``--files`` files, lock -> commit -> release, ``--inflight`` at
-  a time) on local files, the same spans recorded as a worker records (the
-  commit, its lock wait, its phases).
+  a time) on local files (``--latency-ms``: with a modelled cloud store's
+  round trip), the same spans recorded as a worker records (the commit, its
+  lock wait, its phases).
 
 With tracing on, the spans go through the SDK's batch processor and the
-OTLP/HTTP exporter to a stand-in collector on a loopback port (so the
-export's serialisation runs too, in its thread, as in production). Prints each
+OTLP/HTTP exporter to a stand-in collector on a loopback port, in a process of
+its own (so the export's serialisation runs here, in its thread, as in
+production, and the collector's work does not). Prints each
 round and the median of the per-round ratios on / off::
 
     .venv/bin/python -m tests.bench.tracing_overhead --rounds 5 --events 20000 --datasets 200
@@ -26,6 +28,8 @@ import argparse
 import asyncio
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -37,13 +41,15 @@ from shared.events import TraceContext
 from shared.settings import TracingSettings
 from shared.storage import open_store
 from shared.tracing import NO_TRACER, Tracer, open_tracer
-from tests._support.otlp_collector import otlp_collector
 
 PRODUCER = TraceContext(traceparent="00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
 
 
-def _commit_settings(root: Path) -> Settings:
-    return load_settings(env={}, overrides={"store": {"url": root.as_uri()}, "log": {"level": "WARNING"}})
+def _commit_settings(root: Path, latency_ms: float) -> Settings:
+    store: dict[str, object] = {"url": root.as_uri()}
+    if latency_ms:
+        store.update(model_latency_ms=latency_ms, model_latency_p99_ms=latency_ms * 4)
+    return load_settings(env={}, overrides={"store": store, "log": {"level": "WARNING"}})
 
 
 async def intake_round(url: str, root: Path, events: int, on: bool) -> tuple[float, float]:
@@ -65,9 +71,11 @@ def _as_overrides(s: Settings) -> dict[str, dict[str, object]]:
     }
 
 
-async def commit_round(root: Path, w: Workload, inflight: int, tracer: Tracer) -> tuple[float, float]:
-    """Return (datasets/s, CPU ms/dataset) of one core-mode commit run."""
-    settings = _commit_settings(root)
+async def commit_round(
+    root: Path, w: Workload, inflight: int, tracer: Tracer, latency_ms: float = 0.0
+) -> tuple[float, float]:
+    """Return (datasets/s, CPU ms/dataset) of one core-mode commit run (``latency_ms``: the store's)."""
+    settings = _commit_settings(root, latency_ms)
     async with open_store(settings.store.url, settings.store) as store, open_raw(settings) as raw:
         res = await timed_inprocess(
             "core", store, raw, w, lambda s, ws: run_core(s, settings, w, ws, inflight, tracer=tracer)
@@ -77,8 +85,12 @@ async def commit_round(root: Path, w: Workload, inflight: int, tracer: Tracer) -
 
 async def main(args: argparse.Namespace) -> None:
     work = Path(tempfile.mkdtemp(prefix="tracing-overhead-"))
-    with otlp_collector() as collector:
-        os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = collector.endpoint
+    collector = subprocess.Popen(
+        [sys.executable, "-m", "tests._support.otlp_collector"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert collector.stdout is not None
+        os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = collector.stdout.readline().strip()
         os.environ.setdefault("OTEL_SERVICE_NAME", "tracing-overhead-bench")
         server = ThrowawayRedis(work)
         try:
@@ -95,7 +107,9 @@ async def main(args: argparse.Namespace) -> None:
                     tracer = open_tracer(TracingSettings(enabled=on), service="bench") if on else NO_TRACER
                     w = Workload(datasets=args.datasets, files=args.files, size=args.size)
                     try:
-                        got["commit", on] = await commit_round(work / f"c{i}{on}", w, args.inflight, tracer)
+                        got["commit", on] = await commit_round(
+                            work / f"c{i}{on}", w, args.inflight, tracer, args.latency_ms
+                        )
                     finally:
                         await asyncio.to_thread(tracer.close)
                 for kind in ("intake", "commit"):
@@ -114,9 +128,6 @@ async def main(args: argparse.Namespace) -> None:
                     f"ratio {ratios['commit'][-1]:.3f}",
                     flush=True,
                 )
-            spans = collector.spans()
-            names = sorted({s.name for s in spans})
-            print(f"spans received by the collector: {len(spans)} ({', '.join(names)})")
             for kind, unit in (("intake", "ev/s"), ("commit", "ds/s")):
                 off, on = statistics.median(figures[kind][False]), statistics.median(figures[kind][True])
                 coff = statistics.median(figures[f"{kind}_cpu"][False])
@@ -128,6 +139,10 @@ async def main(args: argparse.Namespace) -> None:
                 )
         finally:
             server.stop()
+    finally:
+        collector.terminate()
+        out, _ = collector.communicate(timeout=30)
+        print(f"spans received by the collector: {out.strip()}")
 
 
 if __name__ == "__main__":
@@ -138,4 +153,7 @@ if __name__ == "__main__":
     parser.add_argument("--files", type=int, default=4)
     parser.add_argument("--size", type=int, default=4096)
     parser.add_argument("--inflight", type=int, default=16)
+    parser.add_argument(
+        "--latency-ms", type=float, default=0.0, help="modelled store latency (median; p99 4x)"
+    )
     asyncio.run(main(parser.parse_args()))
