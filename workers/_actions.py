@@ -5,6 +5,8 @@ statuses are recorded durably through the shard's ledger
 (:meth:`workers._ledger.ShardLedger.set_status`). An operator's ``retry`` /
 ``skip`` is :mod:`workers._operator_requests`'s, which is given this class's
 :meth:`~Actions.locked`, :meth:`~Actions.commit` and :meth:`~Actions.after_commit`.
+Each records its span through the worker's tracer (the commit and the abort under
+the job's producer span, the lock wait under them; docs/tracing.md).
 """
 
 from __future__ import annotations

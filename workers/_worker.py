@@ -145,7 +145,7 @@ class Worker:
         try:
             await self._run(tracer)
         finally:
-            if self._tracer is None:
+            if self._tracer is None and tracer.enabled:
                 # Flushing may wait on the exporter (bounded by OTEL_BSP_EXPORT_TIMEOUT): not on the loop.
                 await run_shielded(asyncio.to_thread(tracer.close))
 

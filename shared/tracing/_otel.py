@@ -11,12 +11,14 @@ job's span. Exporters are configured by the standard ``OTEL_*`` variables
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager
+from types import TracebackType
 from typing import Final
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
+from opentelemetry.trace import Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from .._errors import ConfigError
@@ -37,6 +39,43 @@ class _OtelSpan:
 
     def carrier(self) -> TraceCarrier | None:
         return carrier_of(self._span)
+
+
+class _Current:
+    """A span started on entry and current (the OpenTelemetry context attached) until exit.
+
+    What ``start_as_current_span`` does, without its two generator layers (a
+    fifth less per span). An ``Exception`` leaving the block is recorded with
+    status ``ERROR``; a ``BaseException`` (cancellation) only ends the span.
+    """
+
+    __slots__ = ("_attributes", "_name", "_parent", "_span", "_token", "_tracer")
+
+    def __init__(
+        self, tracer: trace.Tracer, name: str, parent: TraceCarrier | None, attributes: Attributes | None
+    ) -> None:
+        self._tracer = tracer
+        self._name = name
+        self._parent = parent
+        self._attributes = attributes
+
+    def __enter__(self) -> Span:
+        span = self._tracer.start_span(
+            self._name, context=context_of(self._parent), attributes=self._attributes
+        )
+        self._span = span
+        self._token = otel_context.attach(trace.set_span_in_context(span))
+        return _OtelSpan(span)
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        otel_context.detach(self._token)
+        span = self._span
+        if isinstance(ev, Exception):
+            span.record_exception(ev)
+            span.set_status(Status(StatusCode.ERROR, f"{type(ev).__name__}: {ev}"))
+        span.end()
 
 
 def carrier_of(span: trace.Span) -> TraceCarrier | None:
@@ -87,12 +126,7 @@ class OtelTracer:
     def span(
         self, name: str, *, parent: TraceCarrier | None = None, attributes: Attributes | None = None
     ) -> AbstractContextManager[Span]:
-        return self._span(name, parent, attributes)
-
-    @contextmanager
-    def _span(self, name: str, parent: TraceCarrier | None, attributes: Attributes | None) -> Iterator[Span]:
-        with self._tracer.start_as_current_span(name, context=context_of(parent), attributes=attributes) as s:
-            yield _OtelSpan(s)
+        return _Current(self._tracer, name, parent, attributes)
 
     def record(
         self,
