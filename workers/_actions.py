@@ -19,6 +19,7 @@ from shared import kv
 from shared.commit import (
     CommitRequest,
     CommitResult,
+    CommitToDelta,
     CommitToTable,
     WinningAttempt,
     abort_dataset,
@@ -176,7 +177,7 @@ class Actions:
         meta = self._ledger.state.jobs.get(job)
         return None if meta is None else meta.stream
 
-    def _table_steps(self, req: CommitRequest) -> list[CommitToTable]:
+    def _table_steps(self, req: CommitRequest) -> list[CommitToTable | CommitToDelta]:
         """The table step of a bound dataset (the job's binding, else the fleet's), else none."""
         meta = self._ledger.state.jobs.get(req.job)
         binding = resolve_binding(self.ctx.settings, req.dataset, meta.tables if meta is not None else None)

@@ -6,11 +6,12 @@
 4. Job 1, a real PySpark job (local mode, task retries on): three datasets;
    one task of ``orders`` fails once after it published, so a retried attempt
    exists and must win. ``orders`` is bound to the Iceberg table
-   ``demo.orders`` (created by this commit; SQL catalog in the store).
+   ``demo.orders`` (created by this commit; SQL catalog in the store);
+   ``clicks`` to the Delta Lake table in its own folder.
 5. Job 2 writes a dataset, then raises: it is rolled back.
 6. Live: the admin events as they arrive; at the end an audit table proving
    each dataset was committed exactly once and the failed job left nothing;
-   the table's row count and snapshot history.
+   the tables' row counts and snapshot / version histories.
 
 Every process the demo started is stopped on the way out. Exit code 0 only
 when every check passed.
@@ -30,6 +31,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
@@ -40,7 +42,7 @@ from shared.commit import audit, read_manifest, read_watermarks
 from shared.events import AdminEvent
 from shared.queue import Keys, connect, read_admin_range
 from shared.settings import masked_url
-from shared.storage import open_store
+from shared.storage import ObjectStore, open_store
 
 from ._launcher import FleetProcess, ThrowawayRedis, write_config
 from ._spark_log import quiet_spark_conf
@@ -51,6 +53,7 @@ FAILED_DATASET = "refunds"
 PARTITIONS = 4
 ROWS = 4000
 TABLE = "demo.orders"  # 'orders' is bound to this Iceberg table (created by its first commit)
+DELTA_DATASET = "clicks"  # bound to the Delta Lake table in its own folder (one version per job)
 
 
 def _settings(redis_url: str, root: Path) -> Settings:
@@ -144,7 +147,9 @@ def _spark_jobs(settings: Settings, console: Console, tmp: Path) -> tuple[str, s
                 df, "orders", watermarks=max_watermark("id"), fail_once_tasks={1}, table=TABLE, mode="create"
             )
             job.write_dataset(df.where("id % 3 = 0"), "customers", watermarks=max_watermark("id"))
-            job.write_dataset(df.where("id % 5 = 0"), "clicks", watermarks=max_watermark("id"))
+            job.write_dataset(
+                df.where("id % 5 = 0"), DELTA_DATASET, watermarks=max_watermark("id"), delta=True
+            )
             good = job.job_id
         console.print(f"job 1 [green]finished[/]: {good}")
         console.print("job 2: writes 'refunds', then raises")
@@ -190,7 +195,8 @@ async def _verify(settings: Settings, good: str, bad: str, printer: _EventPrinte
         for ds in DATASETS:
             m = await read_manifest(store, ds, good)
             marks = await read_watermarks(store, ds)
-            published = [i async for i in store.list(f"{ds}/") if "/_commits/" not in i.key]
+            own = ("/_commits/", "/_delta_log/")  # manifests; the Delta table's log
+            published = [i async for i in store.list(f"{ds}/") if not any(o in i.key for o in own)]
             listed = {f.key for f in m.files} if m else set()
             once = m is not None and {p.key for p in published} == listed and len(m.files) == PARTITIONS
             ok = ok and once
@@ -224,6 +230,7 @@ async def _verify(settings: Settings, good: str, bad: str, printer: _EventPrinte
             + ("[green](the retried attempt won)[/]" if retried else "[red](expected a retried winner)[/]")
         )
         ok = ok and retried and await _show_table(settings, good, console)
+        ok = await _show_delta(store, good, console) and ok
         console.print(
             f"audit: {report.manifests} manifests, {report.files} files, {report.bytes} bytes, "
             f"{len(report.violations)} violations"
@@ -261,6 +268,29 @@ async def _show_table(settings: Settings, job: str, console: Console) -> bool:
             if good
             else "[red](expected one snapshot of every row)[/]"
         )
+    )
+    return good
+
+
+async def _show_delta(store: ObjectStore, job: str, console: Console) -> bool:
+    """Print the Delta table 'clicks' is bound to: its versions and rows (its log); True when as expected."""
+    from shared.commit import read_state
+
+    state = await read_state(store, DELTA_DATASET)
+    if state is None:
+        console.print(f"[red]delta table {DELTA_DATASET}: no log[/]")
+        return False
+    for version, (_, by) in sorted(state.fleet_commits.items()):
+        console.print(f"delta table {DELTA_DATASET}: version {version} by job {by}")
+    rows = 0
+    for add in state.files.values():
+        rows += int(msgspec.json.decode(add.get("stats") or "{}").get("numRecords", 0))
+    want = len(range(0, ROWS, 5))
+    good = rows == want and [by for _, (_, by) in sorted(state.fleet_commits.items())] == [job]
+    console.print(
+        f"delta table {DELTA_DATASET}: {rows} rows in {len(state.files)} files, "
+        f"{len(state.fleet_commits)} version(s) "
+        + ("[green](each row once, one version)[/]" if good else f"[red](expected {want} rows, 1 version)[/]")
     )
     return good
 

@@ -3,7 +3,8 @@
 The worker's calls, each under the dataset's lock (it passes the lease):
 :func:`commit_dataset`, :func:`abort_dataset`, :func:`recover_dataset`;
 operators': :func:`retry_quarantined`, :func:`skip_quarantined`, :func:`audit`;
-readers of a bound table's catalog (:func:`open_catalog`, :func:`load_table`, the snapshot properties).
+readers of a bound table's catalog (:func:`open_catalog`, :func:`load_table`, the snapshot properties);
+of a Delta-bound dataset's log (:func:`read_state`).
 See docs/commit.md; the commit pipeline reads top to bottom in ``_commit.py``.
 """
 
@@ -22,6 +23,7 @@ from ._catalog_ops import (
     open_catalog,
 )
 from ._commit import commit_dataset, execute_sequence, recover_dataset
+from ._delta import CommitToDelta, read_state
 from ._errors import CommitStepFailed
 from ._model import (
     CommitRequest,
@@ -73,6 +75,7 @@ __all__ = [
     "CommitSequence",
     "CommitStep",
     "CommitStepFailed",
+    "CommitToDelta",
     "CommitToTable",
     "Manifest",
     "ManifestFile",
@@ -107,6 +110,7 @@ __all__ = [
     "plan_commit",
     "read_manifest",
     "read_sequence",
+    "read_state",
     "read_stream_records",
     "read_watermarks",
     "read_watermarks_doc",

@@ -21,6 +21,10 @@ It reads only; it never repairs. Kinds of violation (``AuditViolation.kind``):
   it), ``snapshot_without_manifest`` (a snapshot of a job with neither
   manifest nor open sequence). A dataset bound after its first commits
   reports those earlier manifests as missing their snapshots.
+- Delta tables (any dataset folder with a ``_delta_log/``, see
+  :mod:`._delta_audit`): the same three kinds, a Delta version standing for
+  a snapshot; ``table_files_differ``, ``unreadable_table``; a file an
+  ``overwrite`` removed from the table may be gone (vacuumed).
 
 Locks under ``_locks/`` are fine to leave and are not reported.
 """
@@ -40,6 +44,8 @@ from ..storage import ObjectInfo, ObjectStore
 from ._bounded import for_each_bounded
 from ._catalog import CommitToTable
 from ._catalog_audit import table_violations
+from ._delta_audit import delta_violations
+from ._delta_log import DELTA_LOG
 from ._errors import CommitStepFailed
 from ._publish import PublishFile
 from ._registry import StepRegistry
@@ -69,6 +75,8 @@ ViolationKind = Literal[
     "missing_snapshot",
     "duplicate_snapshot",
     "snapshot_without_manifest",
+    "table_files_differ",
+    "unreadable_table",
 ]
 
 
@@ -163,6 +171,7 @@ async def audit(
     in_flight: set[str] = set()
     bound: set[tuple[str, str]] = set()  # (dataset, table) of open sequences' table steps
     open_jobs: set[tuple[str, str]] = set()
+    delta_tables: set[str] = set()
     for key in wal_keys:
         parts = key.split("/")
         if len(parts) != 3 or not parts[2].endswith(".json"):
@@ -211,7 +220,9 @@ async def audit(
             except BadInput:
                 continue  # not a dataset folder
             datasets.add(top)
-            if info.key.startswith(commits):
+            if rest.startswith(DELTA_LOG + "/"):
+                delta_tables.add(top)  # the Delta log: checked against the manifests below
+            elif info.key.startswith(commits):
                 name = info.key[len(commits) :]
                 if name.endswith(".json") and "/" not in name:
                     manifest_keys.append(info.key)
@@ -219,6 +230,7 @@ async def audit(
                 published[info.key] = info
 
     committed: set[tuple[str, str]] = set()
+    parquet: dict[str, dict[str, list[str]]] = defaultdict(dict)  # dataset -> job -> its Parquet keys
     listed_by: dict[str, str] = {}
     marks: dict[str, dict[str, int]] = defaultdict(dict)
     files = 0
@@ -234,6 +246,7 @@ async def audit(
             out.append(AuditViolation(kind="unreadable_manifest", key=key, detail=str(exc)))
             continue
         committed.add((dataset, manifest.job))
+        parquet[dataset][manifest.job] = [f.key for f in manifest.files if f.key.endswith(".parquet")]
         marks[dataset] = merge_watermarks(marks[dataset], manifest.watermarks)
         for f in manifest.files:
             files += 1
@@ -303,8 +316,20 @@ async def audit(
                     )
                 )
 
+    for dataset in sorted(delta_tables):
+        found = await delta_violations(
+            store,
+            dataset,
+            parquet.get(dataset, {}),
+            {j for d, j in open_jobs if d == dataset},
+            {k for k in published if k.startswith(f"{dataset}/")},
+        )
+        out = [v for v in out if not (v.kind == "missing_file" and v.key in found.may_be_missing)]
+        for kind, key, detail in found.violations:
+            out.append(AuditViolation(kind=kind, key=key, detail=detail))  # type: ignore[arg-type]
+
     if settings is not None:
-        wanted_tables = {d: b.table for d, b in settings.tables.bindings.items()}
+        wanted_tables = {d: b.table for d, b in settings.tables.bindings.items() if not b.delta}
         wanted_tables.update(tables or {})
         wanted_tables.update(dict(bound))
         for kind, key, detail in await table_violations(

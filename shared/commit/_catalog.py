@@ -41,6 +41,7 @@ from ._catalog_ops import (
     load_table,
     open_catalog,
 )
+from ._delta import CommitToDelta, delta_step
 from ._model import CommitRequest
 from ._steps import CommitStep, Phase, StepContext
 
@@ -168,11 +169,20 @@ def resolve_binding(
     if job_tables and dataset in job_tables:
         return job_tables[dataset]
     fleet = settings.tables.bindings.get(dataset)
-    return None if fleet is None else TableBinding(table=fleet.table, mode=fleet.mode)
+    if fleet is None:
+        return None
+    if fleet.delta:
+        return TableBinding(delta=True, mode=fleet.mode)
+    return TableBinding(table=fleet.table, mode=fleet.mode)
 
 
-def table_step(req: CommitRequest, binding: TableBinding) -> CommitToTable:
-    """Return the table step of ``req``: its winners' published Parquet files (named as by plan_commit)."""
+def table_step(req: CommitRequest, binding: TableBinding) -> CommitToTable | CommitToDelta:
+    """Return the table step of ``req``: its winners' published Parquet files (named as by plan_commit).
+
+    A Delta binding gets the Delta step (:mod:`._delta`), an Iceberg binding the catalog step.
+    """
+    if binding.delta or binding.table is None:
+        return delta_step(req, binding)
     files = [
         published_key(req.dataset, req.job, w.task, f.path)
         for w in sorted(req.winners, key=lambda w: w.task)

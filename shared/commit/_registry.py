@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from ._catalog import CommitToTable
+from ._delta import CommitToDelta
 from ._errors import CommitStepFailed
 from ._publish import PublishFile
 from ._steps import PHASES, Cleanup, CommitStep, WriteManifest
@@ -29,6 +30,7 @@ BUILTIN_STEPS: tuple[type[CommitStep], ...] = (
     WriteManifest,
     Cleanup,
     CommitToTable,
+    CommitToDelta,
 )
 
 S = TypeVar("S", bound=type[CommitStep])

@@ -45,10 +45,11 @@ PHASES: tuple[Phase, ...] = ("publish", "apply", "manifest", "cleanup")
 CommitProbe = Callable[[str], None]
 """A test's hook into the commit path: called with the name of a point as the path passes it.
 
-It runs where the point is (in the catalog's thread for the ``table.*``
-points), may block or raise (a test's simulated crash), and must not change
-anything. Points: ``table.commit`` just before the table step's catalog
-transaction, ``table.committed`` just after it returned.
+It runs where the point is (in the catalog's thread for the Iceberg step's
+``table.*`` points, in the event loop for the Delta step's), may block or
+raise (a test's simulated crash), and must not change anything. Points:
+``table.commit`` just before the table step's catalog transaction (the Delta
+step's log create), ``table.committed`` just after it returned.
 """
 
 

@@ -121,16 +121,26 @@ TableName = Annotated[
 TableMode = Literal["append", "create", "overwrite"]
 
 
-class TableBinding(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    """A dataset bound to an Iceberg table: its commit of a job lands as exactly one snapshot.
+class TableBinding(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True, omit_defaults=True):
+    """A dataset bound to a table: a job's commit of it lands as one snapshot (Iceberg) or version (Delta).
 
-    ``mode``: ``append`` (the table exists), ``create`` (created from the first
-    commit's Parquet schema together with that commit's snapshot; later commits
-    append), ``overwrite`` (the job's files replace the table's contents).
+    Exactly one of ``table`` (an Iceberg table in the fleet's catalog) and
+    ``delta`` (the dataset's own folder is a Delta Lake table) is given.
+    ``mode``: ``append`` (Iceberg: the table exists; Delta: the first commit
+    creates it), ``create`` (created from the first commit's Parquet schema
+    together with that commit; later commits append), ``overwrite`` (the job's
+    files replace the table's contents).
     """
 
-    table: TableName
+    table: TableName | None = None
     mode: TableMode = "append"
+    delta: Annotated[
+        bool, msgspec.Meta(description="The dataset's own folder is a Delta Lake table (no `table`).")
+    ] = False
+
+    def __post_init__(self) -> None:
+        if self.delta == (self.table is not None):
+            raise ValueError("a table binding names exactly one of `table` (Iceberg) and `delta: true`")
 
 
 STREAM_APP_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
@@ -217,7 +227,7 @@ class JobStarted(_QueueEvent, frozen=True, kw_only=True, tag="job_started"):
     app: str = ""
     tables: Annotated[
         dict[DatasetName, TableBinding],
-        msgspec.Meta(description="Datasets bound to Iceberg tables (each a declared dataset)."),
+        msgspec.Meta(description="Datasets bound to Iceberg or Delta Lake tables (each a declared dataset)."),
     ] = {}
     stream: Annotated[
         StreamBatch | None,

@@ -355,10 +355,14 @@ class LogSettings(_Section, frozen=True):
 
 
 class TableBindingSettings(_Section, frozen=True):
-    """A fleet-level binding of one dataset to an Iceberg table (``namespace.name``)."""
+    """A fleet-level binding of one dataset to an Iceberg table (``namespace.name``), or ``delta = true``.
 
-    table: str
+    With ``delta`` the dataset's own folder is a Delta Lake table and ``table`` stays empty.
+    """
+
+    table: str = ""
     mode: TableMode = "append"
+    delta: bool = False
 
 
 class TablesSettings(_Section, frozen=True):
@@ -389,6 +393,10 @@ class TablesSettings(_Section, frozen=True):
         if self.call_timeout <= 0:
             raise ValueError("tables.call_timeout must be > 0")
         for dataset, b in self.bindings.items():
+            if b.delta:
+                if b.table:
+                    raise ValueError(f"tables.bindings.{dataset}: give table or delta = true, not both")
+                continue
             if len(b.table.split(".")) < 2 or not all(b.table.split(".")):
                 raise ValueError(f"tables.bindings.{dataset}.table must be namespace.name, got {b.table!r}")
 

@@ -54,7 +54,7 @@ from ._outcome import POLL_MAX_S, POLL_MIN_S, STREAM_POLL_MAX_S, STREAM_POLL_MIN
 from ._partitions import check_partition_columns
 from ._preflight import run_preflight
 from ._publishing import publish, resolve_shards
-from ._tables import check_binding
+from ._tables import check_binding, check_delta_binding
 from ._winners import TaskResult, expectation_from_results, looks_cancelled
 from ._writer import Watermarks, WriteSpec, write_partition
 
@@ -158,6 +158,7 @@ class JobContext:
         fail_once_tasks: Iterable[int] = (),
         table: str | None = None,
         mode: str = "append",
+        delta: bool = False,
     ) -> list[TaskResult]:
         """Stage ``df`` as the job's output for ``dataset``: one Spark action, one task per partition.
 
@@ -178,7 +179,8 @@ class JobContext:
 
         Raises:
             BadInput: unknown or already written dataset, bad ``partition_by``,
-                bad ``table`` or ``mode``, ``table`` with ``partition_by``.
+                bad ``table`` or ``mode``, ``table`` with ``partition_by``, both
+                ``table`` and ``delta``.
             JobCancelledError: :meth:`cancel` was called before the action.
             Whatever the Spark action raises (a failed task after its retries,
             or the cancellation of the job group).
@@ -187,15 +189,23 @@ class JobContext:
         the fleet lands this job's commit of it as exactly one snapshot, in
         ``mode`` ``append``, ``create`` (the first commit creates the table) or
         ``overwrite``. The binding is sent (a repeated ``JobStarted``) before
-        the action runs.
+        the action runs. ``delta=True`` binds it to the Delta Lake table in the
+        dataset's own folder (``<store root>/<dataset>``) instead: one Delta
+        version per job, ``mode`` ``append`` (the first commit creates the
+        table) or ``overwrite``; ``partition_by`` folders become the table's
+        partition columns (docs/tables.md).
 
         Blocks for the whole action; :meth:`cancel` from another thread (or
         Ctrl-C, which ``commit_job`` turns into a cancel) interrupts it.
         """
         if dataset not in self._datasets:
             raise BadInput(f"dataset {dataset!r} was not declared for job {self._job_id}")
+        if delta and table is not None:
+            raise BadInput(f"dataset {dataset!r}: give table (Iceberg) or delta=True, not both")
         binding = None if table is None else check_binding(dataset, table, mode)
-        if binding is not None and partition_by:
+        if delta:
+            binding = check_delta_binding(dataset, mode)
+        elif binding is not None and partition_by:
             # Hive folders drop the partition columns from the files; the table would lose them.
             raise BadInput(
                 f"dataset {dataset!r}: partition_by cannot be combined with table (not supported yet)"

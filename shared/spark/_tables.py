@@ -1,4 +1,4 @@
-"""The producer's table bindings: ``write_dataset(df, "orders", table="lake.sales.orders")``."""
+"""The producer's table bindings: ``write_dataset(df, "orders", table="ns.orders")`` or ``delta=True``."""
 
 from __future__ import annotations
 
@@ -26,4 +26,15 @@ def check_binding(dataset: str, table: str, mode: str) -> TableBinding:
     return TableBinding(table=table, mode=mode)  # type: ignore[arg-type]
 
 
-__all__ = ["check_binding"]
+def check_delta_binding(dataset: str, mode: str) -> TableBinding:
+    """Return the binding of ``dataset`` to the Delta table in its own folder, in ``mode``.
+
+    Raises:
+        BadInput: ``mode`` is not append, create or overwrite.
+    """
+    if mode not in _MODES:
+        raise BadInput(f"dataset {dataset!r}: mode {mode!r} must be one of {', '.join(_MODES)}")
+    return TableBinding(delta=True, mode=mode)  # type: ignore[arg-type]
+
+
+__all__ = ["check_binding", "check_delta_binding"]

@@ -102,6 +102,7 @@ def test_demo_passes_and_leaves_no_process_behind(tmp_path: Path) -> None:
     assert code == 0, output[-6000:]
     assert "demo passed" in output, output[-6000:]
     assert "table demo.orders: 4000 rows, 1 snapshot(s)" in output, output[-6000:]
+    assert "delta table clicks: 800 rows in 4 files, 1 version(s) (each row once" in output, output[-6000:]
     # The probe works: it saw the demo's redis-server, coordinator, both workers and the JVM.
     cmds = list(seen.values())
     assert any("redis-server" in c for c in cmds), cmds
@@ -109,6 +110,7 @@ def test_demo_passes_and_leaves_no_process_behind(tmp_path: Path) -> None:
     assert sum("coordinator worker" in c for c in cmds) == 2, cmds
     assert any("java" in c and "SparkSubmit" in c for c in cmds), cmds
     assert any((root / "orders" / "_commits").iterdir())
+    assert [p.name for p in (root / "clicks" / "_delta_log").iterdir()] == [f"{0:020d}.json"]
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="finds the demo's processes through /proc")

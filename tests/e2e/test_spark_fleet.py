@@ -271,3 +271,42 @@ async def test_a_bound_and_an_unbound_dataset_the_table_scan_returns_each_row_on
     assert not [v for v in report.violations if v.kind in kinds], report.violations
     # The unbound dataset is files and a manifest only.
     assert await read_manifest(store, "raw_tbl", job_id) is not None
+
+
+@pytest.mark.timeout(360)
+async def test_a_delta_bound_dataset_one_version_per_job_read_back_by_delta_rs(
+    spark: Any, fleet: E2EFleet, r: redis.asyncio.Redis, store: ObjectStore
+) -> None:
+    from urllib.parse import unquote, urlsplit
+
+    from deltalake import DeltaTable
+
+    dataset = f"sales_delta_{secrets.token_hex(3)}"
+    df = tagged_rows(spark, 3)
+    jobs = []
+    for mode, fail in (("append", {1}), ("append", set()), ("overwrite", set())):
+        with commit_job(spark, datasets=[dataset], config=fleet.producer) as job:
+            job.write_dataset(
+                df, dataset, delta=True, mode=mode, partition_by=["attempt"], fail_once_tasks=fail
+            )
+        jobs.append(job.job_id)
+        starts = [e for e in await events_of(r, fleet, job.job_id) if isinstance(e, JobStarted)]
+        assert any(e.tables.get(dataset) == TableBinding(delta=True, mode=mode) for e in starts)  # type: ignore[arg-type]
+
+        async def committed(job_id: str = job.job_id) -> bool:
+            return await read_manifest(store, dataset, job_id) is not None and not await keys_under(
+                store, f"_wal/{dataset}/"
+            )
+
+        await wait_for(committed, timeout=60, what=f"{dataset} committed by {job.job_id}")
+    root = unquote(urlsplit(fleet.settings.store.url).path)
+    dt = DeltaTable(f"{root}/{dataset}")
+    fleet_versions = [(h["version"], h["commitfleet"]["job"]) for h in dt.history() if "commitfleet" in h]
+    assert sorted(fleet_versions) == [(0, jobs[0]), (1, jobs[1]), (2, jobs[2])]
+    assert dt.metadata().partition_columns == ["attempt"]
+    rows = pa.table(dt.to_pyarrow_table()).sort_by("id")
+    assert rows.column("id").to_pylist() == list(range(ROWS)), (
+        "the overwrite left the last job's rows, each once"
+    )
+    report = await audit(store)
+    assert report.ok, report.violations

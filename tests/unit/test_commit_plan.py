@@ -208,7 +208,7 @@ def test_registry_rejects_invalid_kinds() -> None:
     for cls in (NoTag, NotAsync, Clash, InManifest, Plain):
         with pytest.raises(TypeError):
             registry.register(cls)  # type: ignore[type-var]
-    assert set(registry.kinds) == {"publish", "watermarks", "manifest", "cleanup", "table"}
+    assert set(registry.kinds) == {"publish", "watermarks", "manifest", "cleanup", "table", "delta"}
 
 
 marks = st.dictionaries(st.sampled_from(["a", "b", "c", "d"]), st.integers(-(2**63), 2**63 - 1), max_size=4)

@@ -95,3 +95,37 @@ def test_the_producer_checks_a_binding_before_anything_runs() -> None:
         check_binding("orders", "orders", "append")
     with pytest.raises(BadInput, match="mode"):
         check_binding("orders", "lake.orders", "merge")
+
+
+def test_a_delta_binding_names_no_table_and_a_binding_names_exactly_one_kind() -> None:
+    import msgspec
+
+    from shared.commit import CommitToDelta
+
+    got = msgspec.json.decode(b'{"delta": true, "mode": "overwrite"}', type=TableBinding)
+    assert got == TableBinding(delta=True, mode="overwrite") and got.table is None
+    for bad in (b'{"delta": true, "table": "lake.x"}', b'{"mode": "append"}', b'{"delta": false}'):
+        with pytest.raises(msgspec.ValidationError, match="exactly one"):
+            msgspec.json.decode(bad, type=TableBinding)
+    # An Iceberg binding encodes as before (a fleet without Delta reads it); a Delta one names only delta.
+    assert msgspec.json.decode(msgspec.json.encode(BOUND["orders"])) == {
+        "table": "lake.sales.orders",
+        "mode": "create",
+    }
+    assert msgspec.json.decode(msgspec.json.encode(TableBinding(delta=True))) == {"delta": True}
+    req = CommitRequest(
+        dataset="orders",
+        job="j",
+        winners=[WinningAttempt(task=0, attempt=0, files=[StagedFile(path="d=1/p.parquet", size=3)])],
+        expected_tasks=1,
+    )
+    step = table_step(req, TableBinding(delta=True))
+    assert isinstance(step, CommitToDelta)
+    assert step.files == [published_key("orders", "j", 0, "d=1/p.parquet")] and step.mode == "append"
+
+
+def test_a_fleet_wide_delta_binding_resolves_and_a_table_with_it_is_refused() -> None:
+    settings = load_settings(env={}, overrides={"tables": {"bindings": {"sales": {"delta": True}}}})
+    assert resolve_binding(settings, "sales") == TableBinding(delta=True)
+    with pytest.raises(ConfigError, match="not both"):
+        load_settings(env={}, overrides={"tables": {"bindings": {"sales": {"delta": True, "table": "a.b"}}}})

@@ -1,0 +1,340 @@
+"""The Delta step: a bound dataset's commit lands as exactly one version of the Delta table in its own folder.
+
+:class:`CommitToDelta` runs in the ``apply`` phase, like the Iceberg step
+(:mod:`._catalog`): after every file is published, before the manifest. The
+table is ``<store root>/<dataset>``, its log ``<dataset>/_delta_log/``; the
+fleet's ``_commits/`` folder sits beside the log and Delta readers never look
+at it.
+
+The step writes the log entry itself, through the store port, with a
+create-if-absent of ``_delta_log/<version:020>.json``: the same conditional
+write the fleet uses everywhere, so it works alike on every store and every
+store call can fail or crash the way the fault tests make them.
+
+Done means: the latest ``txn`` of the dataset's application id
+(:func:`._delta_log.app_id`) was written by this job's commit. Its version is
+the table version that commit landed at, so the check reads one commit file.
+That "latest" is enough because the dataset's sequences run one at a time
+under its lock, oldest first (a later job's sequence cannot start before this
+one finished), and a holder checks its lease just before the create: a commit
+of this job, if there is one, is the newest fleet commit of the dataset. Of two
+holders racing (a stale one and the next), both aim at the same next version;
+the create lets one land, the other re-reads and finds the job there.
+
+Every ``delta.checkpointInterval`` versions (default 10) the holder that
+landed a version also writes its classic Parquet checkpoint and
+``_last_checkpoint``, so readers and a fresh worker replay at most that many
+JSON commits.
+
+Only this module does I/O; the log's format is in :mod:`._delta_log`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from typing import Any, ClassVar, Final
+
+import msgspec
+
+from .._errors import NotFound, PreconditionFailed, TransientError
+from .._recent import Recent
+from ..events import StreamBatch, TableBinding, TableMode, check_dataset_segment, published_key
+from ..storage import ObjectStore
+from ._bounded import for_each_bounded
+from ._delta_log import (
+    DELTA_LOG,
+    AddFile,
+    DeltaState,
+    NewTable,
+    app_id,
+    checkpoint_body,
+    checkpoint_interval,
+    checkpoint_name,
+    commit_body,
+    commit_name,
+    delta_schema,
+    file_stats,
+    partition_values,
+    read_listing,
+    schema_mismatch,
+)
+from ._errors import CommitStepFailed
+from ._model import CommitRequest
+from ._steps import CommitStep, Phase, StepContext
+
+PARQUET_SUFFIX = ".parquet"
+LAST_CHECKPOINT = "_last_checkpoint"
+_READS = 8
+
+DELTA_STATES: Final = 64
+"""How many tables' replayed states a process keeps (each holds its snapshot's add actions)."""
+
+_states: Recent[tuple[DeltaState, str]] = Recent(DELTA_STATES)
+"""The last state replayed per (store root, dataset), with the store version of its newest commit file:
+the next read starts there when the listing shows that very file, and replays only the newer commits."""
+
+
+def log_prefix(dataset: str) -> str:
+    """Return ``<dataset>/_delta_log/``."""
+    return f"{check_dataset_segment(dataset)}/{DELTA_LOG}/"
+
+
+def _pyarrow_parquet() -> Any:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError as exc:
+        raise CommitStepFailed(f"pyarrow is not installed (pip install 'commitfleet[delta]'): {exc}") from exc
+    return pq
+
+
+async def read_state(store: ObjectStore, dataset: str, *, cached: bool = True) -> DeltaState | None:
+    """Return the Delta table's state at its newest version, or None when ``<dataset>/_delta_log/`` is empty.
+
+    Replays the newest complete checkpoint and the JSON commits after it.
+    With ``cached``, the state this process replayed last time is the start
+    when the listing shows its newest commit file at the store version seen
+    then (a table deleted and made again is replayed afresh) and every commit
+    after it, and only those newer commits are read.
+
+    Raises:
+        CommitStepFailed: a commit or checkpoint is unreadable, or a version is
+            missing between the checkpoint and the newest commit.
+        TransientError / OutcomeUnknown: the store failed.
+    """
+    prefix = log_prefix(dataset)
+    tags = {info.key[len(prefix) :]: info.version async for info in store.list(prefix)}
+    listing = read_listing(tags)
+    if not listing.commits and listing.checkpoint is None:
+        return None
+    newest = max([*listing.commits, listing.checkpoint or -1])
+    last = _states.get(store.url, dataset) if cached else None
+    if (
+        last is not None
+        and last[0].version >= 0
+        and tags.get(commit_name(last[0].version)) == last[1]
+        and all(commit_name(v) in tags for v in range(last[0].version + 1, newest + 1))
+    ):
+        state = last[0].copy()
+    elif listing.checkpoint is not None:
+        state = DeltaState()
+        cp = listing.checkpoint
+        parts = [(await store.read(prefix + n)).data for n in listing.checkpoint_parts]
+        await asyncio.to_thread(state.apply_checkpoint, cp, parts, f"{prefix}{cp:020d}.checkpoint")
+    else:
+        state = DeltaState()
+    todo = [v for v in listing.commits if v > state.version]
+    if todo and todo != list(range(state.version + 1, newest + 1)):
+        raise CommitStepFailed(f"{prefix}: versions missing after {state.version} (found {todo[:5]}...)")
+    bodies: dict[int, bytes] = {}
+
+    async def one(v: int) -> None:
+        bodies[v] = (await store.read(prefix + commit_name(v))).data
+
+    await for_each_bounded(todo, one, _READS)
+    for v in todo:
+        state.apply(v, bodies[v], prefix + commit_name(v))
+    if state.version >= 0 and commit_name(state.version) in tags:
+        _states.put(store.url, dataset, (state.copy(), tags[commit_name(state.version)]))
+    return state
+
+
+async def fleet_commit_at(
+    store: ObjectStore, dataset: str, state: DeltaState, version: int
+) -> tuple[str, str] | None:
+    """Return (dataset, job) of the fleet commit at ``version`` (from the state, else its file), or None.
+
+    Raises:
+        CommitStepFailed: the commit file is gone (cleaned up behind a checkpoint).
+    """
+    if version in state.fleet_commits:
+        return state.fleet_commits[version]
+    key = log_prefix(dataset) + commit_name(version)
+    try:
+        body = (await store.read(key)).data
+    except NotFound as exc:
+        raise CommitStepFailed(f"{key} is gone: cannot tell which job wrote version {version}") from exc
+    one = DeltaState()
+    one.apply(version, body, key)
+    return one.fleet_commits.get(version)
+
+
+async def job_done(store: ObjectStore, dataset: str, job: str, state: DeltaState | None) -> bool:
+    """Return True when the newest fleet ``txn`` of the dataset is this job's commit (see the module doc)."""
+    if state is None:
+        return False
+    version = state.txns.get(app_id(dataset))
+    if version is None:
+        return False
+    return await fleet_commit_at(store, dataset, state, version) == (dataset, job)
+
+
+class CommitToDelta(CommitStep, frozen=True, kw_only=True, tag="delta"):
+    """Land the job's published Parquet files (``files``: keys under ``<dataset>/``) as one Delta version."""
+
+    phase: ClassVar[Phase] = "apply"
+
+    dataset: str
+    job: str
+    mode: TableMode = "append"
+    files: list[str]
+    stream: StreamBatch | None = None
+
+    def info(self) -> dict[str, str]:
+        """Return what the commit's ``commitInfo.commitfleet`` says besides the job (a streaming batch)."""
+        if self.stream is None:
+            return {}
+        return {"app": self.stream.app_id, "batch": str(self.stream.batch), "query": self.stream.query}
+
+    async def is_done(self, ctx: StepContext) -> bool:
+        """Return True when the table's newest fleet commit of the dataset is this job's.
+
+        Raises:
+            CommitStepFailed: the log is unreadable.
+            TransientError / OutcomeUnknown: the store failed.
+        """
+        return await job_done(ctx.store, self.dataset, self.job, await read_state(ctx.store, self.dataset))
+
+    async def execute(self, ctx: StepContext) -> None:
+        """Land the version unless it is there. Raises as :meth:`ensure`."""
+        await self.ensure(ctx)
+
+    async def ensure(self, ctx: StepContext) -> bool:
+        """Check, then create the next log entry based on that read.
+
+        Returns:
+            True when this call landed the version, False when it was there.
+
+        Raises:
+            CommitStepFailed: bad input (a file whose schema the table cannot
+                take, other partition columns, a table needing Delta
+                features the fleet does not write, nothing to create from).
+            TransientError: another writer took the version we aimed at (the
+                retry re-reads), or the store failed.
+            OutcomeUnknown: the store could not say whether the entry landed;
+                the retry re-checks.
+            LockLost / Fenced: the lease, checked just before the create.
+
+        Cancelled: nothing to undo; a create that landed is found by the next check.
+        """
+        store = ctx.store
+        state = await read_state(store, self.dataset)
+        if await job_done(store, self.dataset, self.job, state):
+            return False
+        if state is not None:
+            state.check_writable(self.mode)
+        version = 0 if state is None else state.version + 1
+        adds, new_table = await self._adds(store, state)
+        removes = list(state.files.values()) if state is not None and self.mode == "overwrite" else []
+        body = commit_body(
+            dataset=self.dataset,
+            job=self.job,
+            version=version,
+            mode=self.mode,
+            adds=adds,
+            removes=removes,
+            new_table=new_table,
+            now_ms=int(ctx.clock() * 1000),
+            extra_info=self.info(),
+        )
+        key = log_prefix(self.dataset) + commit_name(version)
+        ctx.lease.check()
+        ctx.probe("table.commit")
+        try:
+            await store.write_if_absent(key, body)
+        except PreconditionFailed as exc:
+            if await job_done(store, self.dataset, self.job, await read_state(store, self.dataset)):
+                return False  # another holder landed it between our read and our create
+            raise TransientError(f"{key}: another commit took version {version}; re-checking") from exc
+        ctx.probe("table.committed")
+        await self._checkpoint(store, state, version, body)
+        return True
+
+    async def _checkpoint(
+        self, store: ObjectStore, state: DeltaState | None, version: int, body: bytes
+    ) -> None:
+        """Write the checkpoint of ``version`` (just landed by this holder) when the table's interval says so.
+
+        Not part of the commit: a holder that stops before it leaves no checkpoint (the next multiple
+        of the interval writes one); a checkpoint is one whole object, created only if absent.
+
+        Raises:
+            TransientError / OutcomeUnknown: the store failed (the retry finds the version done).
+        """
+        prefix = log_prefix(self.dataset)
+        after = DeltaState() if state is None else state.copy()
+        after.apply(version, body, prefix + commit_name(version))
+        if version == 0 or version % checkpoint_interval(after) != 0:
+            return
+        data, size = await asyncio.to_thread(checkpoint_body, after)
+        try:
+            await store.write_if_absent(prefix + checkpoint_name(version), data)
+        except PreconditionFailed:
+            return  # another holder of this job wrote it
+        await store.write(prefix + LAST_CHECKPOINT, msgspec.json.encode({"version": version, "size": size}))
+
+    async def _adds(
+        self, store: ObjectStore, state: DeltaState | None
+    ) -> tuple[list[AddFile], NewTable | None]:
+        """Return the add actions of the job's files (their footers read), and the new table if any.
+
+        Raises:
+            CommitStepFailed: as :meth:`ensure` (bad input).
+        """
+        pq = _pyarrow_parquet()
+        root = f"{self.dataset}/"
+        found: dict[str, tuple[int, Any]] = {}
+
+        async def one(key: str) -> None:
+            data = (await store.read(key)).data
+
+            def footer() -> Any:
+                try:
+                    return pq.read_metadata(io.BytesIO(data))
+                except Exception as exc:  # pyarrow's own errors: the file is not Parquet
+                    raise CommitStepFailed(f"{key} is not a readable Parquet file: {exc}") from exc
+
+            found[key] = (len(data), await asyncio.to_thread(footer))
+
+        await for_each_bounded(self.files, one, _READS)
+        if state is None and not self.files:
+            raise CommitStepFailed(
+                f"Delta table {self.dataset}: the first commit has no Parquet file to create it from"
+            )
+        rels = [key[len(root) :] for key in self.files]
+        parts = [partition_values(rel) for rel in rels]
+        columns = state.partition_columns() if state is not None else list(parts[0]) if parts else []
+        new_table = None
+        if state is None:
+            schema, ntz = delta_schema(found[self.files[0]][1].schema.to_arrow_schema(), columns)
+            new_table = NewTable(schema=schema, partition_columns=columns, ntz=ntz)
+            table_schema = schema
+        else:
+            table_schema = state.schema()
+        adds = []
+        for key, rel, part in zip(self.files, rels, parts, strict=True):
+            size, meta = found[key]
+            if sorted(part) != sorted(columns):
+                raise CommitStepFailed(
+                    f"{key}: partition folders {sorted(part)} do not match the table's columns {columns}"
+                )
+            file_schema, _ = delta_schema(meta.schema.to_arrow_schema())
+            why = schema_mismatch(table_schema, file_schema, columns)
+            if why is not None:
+                raise CommitStepFailed(f"Delta table {self.dataset}: schema mismatch in {key}: {why}")
+            adds.append(AddFile(rel=rel, size=size, partition=part, stats=file_stats(meta)))
+        return adds, new_table
+
+
+def delta_step(req: CommitRequest, binding: TableBinding) -> CommitToDelta:
+    """Return the Delta step of ``req``: its winners' published Parquet files (named as by plan_commit)."""
+    files = [
+        published_key(req.dataset, req.job, w.task, f.path)
+        for w in sorted(req.winners, key=lambda w: w.task)
+        for f in w.files
+        if f.path.endswith(PARQUET_SUFFIX)
+    ]
+    return CommitToDelta(dataset=req.dataset, job=req.job, mode=binding.mode, files=files, stream=req.stream)
+
+
+__all__ = ["CommitToDelta", "delta_step", "fleet_commit_at", "job_done", "log_prefix", "read_state"]
