@@ -5,6 +5,8 @@ statuses are recorded durably through the shard's ledger
 (:meth:`workers._ledger.ShardLedger.set_status`). An operator's ``retry`` /
 ``skip`` is :mod:`workers._operator_requests`'s, which is given this class's
 :meth:`~Actions.locked`, :meth:`~Actions.commit` and :meth:`~Actions.after_commit`.
+Each records its span through the worker's tracer (the commit and the abort under
+the job's producer span, the lock wait under them; docs/tracing.md).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from shared.events import (
     lock_name,
 )
 from shared.locks import HeldLease, StorageLock
+from shared.tracing import Attributes
 
 from ._announce import announce_aborted, announce_committed, announce_from_manifest
 from ._context import WorkerContext
@@ -77,7 +80,18 @@ class Actions:
             settings=ctx.settings.lock,
             notifier=ctx.notifier,
         )
+        tracer = ctx.tracer
+        waited = time.time_ns() if tracer.enabled else 0
         async with lock.hold() as lease:
+            if tracer.enabled:
+                attrs: Attributes = {
+                    "commitfleet.dataset": dataset,
+                    "commitfleet.epoch": lease.epoch,
+                    "commitfleet.took_over": lease.took_over_from is not None,
+                }
+                tracer.record(
+                    "commitfleet.lock_wait", start_ns=waited, end_ns=time.time_ns(), attributes=attrs
+                )
             if lease.took_over_from is not None:
                 ctx.counters.add("lock_takeovers")
                 await ctx.emit(
@@ -126,6 +140,12 @@ class Actions:
         )
         files = sum(len(a.files) for a in winners)
         size = sum(f.size for a in winners for f in a.files)
+        tracer = ctx.tracer
+        attrs: Attributes | None = None
+        if tracer.enabled:
+            attrs = self._span_attributes(work.job, work.dataset)
+            attrs.update({"commitfleet.files": files, "commitfleet.bytes": size})
+        span = tracer.span("commitfleet.commit", parent=ctx.traces.get(work.job), attributes=attrs)
 
         async def body(lease: HeldLease) -> None:
             await ctx.emit(
@@ -141,11 +161,16 @@ class Actions:
             )
             await self._probe("commit.locked")
             result = await commit_dataset(
-                ctx.store, req, lease, ctx.settings, extra_steps=self._table_steps(req)
+                ctx.store, req, lease, ctx.settings, extra_steps=self._table_steps(req), tracer=tracer
             )
+            opened.set("commitfleet.status", result.status)
             await self.after_commit(result, lease.epoch)
 
-        await self.locked(work.dataset, body)
+        with span as opened:
+            await self.locked(work.dataset, body)
+
+    def _span_attributes(self, job: str, dataset: str) -> dict[str, str | int | float | bool]:
+        return {"commitfleet.job": job, "commitfleet.dataset": dataset, "commitfleet.shard": self.shard}
 
     def _stream_of(self, job: str) -> StreamBatch | None:
         """The micro-batch a streaming job commits (its ``job_started``), else None."""
@@ -258,10 +283,15 @@ class Actions:
     async def _abort(self, work: Abort) -> None:
         ctx = self.ctx
         commit_wins = False
+        attrs: Attributes | None = None
+        if ctx.tracer.enabled:
+            attrs = {**self._span_attributes(work.job, work.dataset), "commitfleet.reason": work.reason[:200]}
+        span = ctx.tracer.span("commitfleet.abort", parent=ctx.traces.get(work.job), attributes=attrs)
 
         async def body(lease: HeldLease) -> None:
             nonlocal commit_wins
             result = await abort_dataset(ctx.store, work.dataset, work.job, lease, ctx.settings)
+            opened.set("commitfleet.status", result.status)
             if result.status == "commit_in_progress":
                 # A commit that has written its WAL wins over the abort.
                 await self._ledger.set_status(work.job, work.dataset, "committing")
@@ -279,7 +309,8 @@ class Actions:
             await self._probe("abort.announced")
             await self._ledger.set_status(work.job, work.dataset, "aborted", work.reason)
 
-        await self.locked(work.dataset, body)
+        with span as opened:
+            await self.locked(work.dataset, body)
         if commit_wins:
             await self.commit(Commit(job=work.job, dataset=work.dataset))
 
@@ -287,7 +318,7 @@ class Actions:
         ctx = self.ctx
 
         async def body(lease: HeldLease) -> None:
-            recovery = await recover_dataset(ctx.store, work.dataset, lease, ctx.settings)
+            recovery = await recover_dataset(ctx.store, work.dataset, lease, ctx.settings, tracer=ctx.tracer)
             for result in recovery.results:
                 await self.after_commit(result, lease.epoch)
             if recovery.blocked_by is not None:
@@ -296,7 +327,9 @@ class Actions:
                     extra=kv(dataset=work.dataset, job=recovery.blocked_by, reason=recovery.reason),
                 )
 
-        await self.locked(work.dataset, body)
+        attrs: Attributes = {"commitfleet.dataset": work.dataset, "commitfleet.shard": self.shard}
+        with ctx.tracer.span("commitfleet.recover", attributes=attrs):
+            await self.locked(work.dataset, body)
 
 
 __all__ = ["Actions"]

@@ -15,6 +15,7 @@ from shared.fleet import FleetRegistry
 from shared.locks import SharedReleaseNotifier
 from shared.queue import AdminPublisher, Keys, Outcome, redis_errors
 from shared.storage import ObjectStore
+from shared.tracing import NO_TRACER, TraceBook, Tracer
 
 from ._probe import Probe, no_probe
 
@@ -54,6 +55,10 @@ class WorkerContext:
     notifier: SharedReleaseNotifier | None = None
     # Awaited at each named point of the commit path and intake (a test's hook; by default nothing).
     probe: Probe = no_probe
+    # Spans (docs/tracing.md): the no-op tracer unless tracing.enabled; chosen once at start.
+    tracer: Tracer = NO_TRACER
+    # Each job's producer trace context, from its job-level events (only filled while tracing).
+    traces: TraceBook = field(default_factory=TraceBook)
 
     async def emit(self, ev: AdminEvent) -> None:
         """Publish an admin event (retried inside the publisher; informational)."""

@@ -23,11 +23,14 @@ from shared.events import (
     QueueEvent,
     RepeatedFields,
     TaskFinished,
+    TraceContext,
     ValidationLimits,
     decode_entry,
     event_datasets,
+    event_type,
 )
 from shared.queue import Entry, ShardConsumer, shard_of
+from shared.tracing import Attributes, TraceCarrier
 
 from ._context import WorkerContext
 from ._core import Action, Decision, decide
@@ -83,6 +86,9 @@ class Intake:
         self._has_room = has_room
         self._stopping = stopping
         self._probe = ctx.probe
+        self._tracing = ctx.tracer.enabled
+        # Traced job-level events judged, not saved yet: (context, type, job, datasets, judged at in ns).
+        self._traced: list[tuple[TraceCarrier, str, str, int, int]] = []
 
     def _mine(self, ev: QueueEvent, shards: int) -> QueueEvent:
         """Return ``ev`` when every dataset it names belongs to this shard (of ``shards``).
@@ -159,7 +165,35 @@ class Intake:
             return InvalidMessage("replayed", d.note)
         if d.reject is not None:
             return InvalidMessage(d.reject, d.note)
+        if self._tracing and type(ev) is not TaskFinished:
+            self._note_trace(ev)
         return d
+
+    def _note_trace(self, ev: QueueEvent) -> None:
+        """Keep a traced job-level event's context for the job's spans, and its intake span's start."""
+        trace = getattr(ev, "trace", None)
+        if not isinstance(trace, TraceContext):
+            return
+        carrier = TraceCarrier(trace.traceparent, trace.tracestate)
+        self.ctx.traces.note(ev.job, carrier)
+        self._traced.append((carrier, event_type(ev), ev.job, len(event_datasets(ev)), time.time_ns()))
+
+    def _end_intake_spans(self) -> None:
+        """Record the intake span of each traced event judged since the last call: judged -> saved."""
+        if not self._traced:
+            return
+        tracer, now = self.ctx.tracer, time.time_ns()
+        for carrier, kind, job, datasets, start in self._traced:
+            attributes: Attributes = {
+                "commitfleet.job": job,
+                "commitfleet.event": kind,
+                "commitfleet.shard": self.shard,
+                "commitfleet.datasets": datasets,
+            }
+            tracer.record(
+                "commitfleet.intake", start_ns=start, end_ns=now, parent=carrier, attributes=attributes
+            )
+        self._traced.clear()
 
     async def process(self, entries: list[Entry], *, read_next: int = 0) -> list[Entry]:
         """Judge each entry, make the batch durable with its acknowledgements, then schedule its actions.
@@ -184,10 +218,12 @@ class Intake:
         # must never write decisions of this batch before this batch's own save
         # (their records and acknowledgements) is durable.
         async with self._ledger.save_lock:
+            self._traced.clear()  # a batch that failed to save is read and judged again
             batch, todo, rejected, duplicates = await self._judge_all(entries)
             store = self._ledger.store
             assert store is not None
             ahead = await store.save(batch, self._ledger.state, read_next=read_next)
+        self._end_intake_spans()
         self._count(len(entries), rejected, duplicates)
         for action in todo:
             self._schedule(action)
@@ -220,6 +256,7 @@ class Intake:
         tally = [0, 0, 0]  # judged, rejected, duplicates
         held: list[Entry] = []
         async with self._ledger.save_lock:
+            self._traced.clear()  # a batch that failed to save is read and judged again
             prep = await self._judge_prepared(entries, todo, tally)
             # Two batches read: one to judge while the next save runs.
             await self._probe("intake.run")
@@ -251,6 +288,7 @@ class Intake:
             except BaseException:
                 await sent.abandon()
                 raise
+        self._end_intake_spans()
         self._count(*tally)
         for action in todo:
             self._schedule(action)

@@ -69,6 +69,7 @@ from shared.fleet import (
 from shared.locks import SharedReleaseNotifier
 from shared.queue import AdminPublisher, Keys, connect, join_fleet
 from shared.storage import open_store
+from shared.tracing import Tracer, open_tracer
 
 from ._context import WorkerContext
 from ._core import Limits
@@ -133,6 +134,7 @@ class Worker:
         worker_id: str | None = None,
         hard_exit_after: float | None = None,
         probe: Probe | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
         """Prepare a worker; nothing connects until :meth:`run`.
 
@@ -140,6 +142,9 @@ class Worker:
         seconds later if it is still alive (set by :func:`run_worker`; never in
         an in-process test). ``probe``: awaited at each named point of the
         commit path and intake (:mod:`workers._probe`; a test's hook, by default nothing).
+        ``tracer``: the spans' tracer, owned by the caller; None: the one
+        ``tracing`` settings choose (:func:`shared.tracing.open_tracer`), opened
+        by :meth:`run` and closed (flushed) when it ends.
 
         Raises:
             ConfigError: no store URL configured, or a bad worker id.
@@ -154,6 +159,7 @@ class Worker:
         self.ready = asyncio.Event()
         self._hard_exit_after = hard_exit_after
         self._probe = probe or no_probe
+        self._tracer = tracer
         self._shards = ShardRunners(settings, self.worker_id)
         self._runners = self._shards.by_shard  # shard -> (runner, task); the same dict, never replaced
         # Set when the worker starts leaving: its heartbeat must not bring it back.
@@ -230,6 +236,16 @@ class Worker:
     async def _run(self) -> None:
         """The body of :meth:`run` (same returns, raises and cancellation)."""
         s = self.settings
+        tracer = self._tracer or open_tracer(s.tracing, service="commitfleet-worker")
+        try:
+            await self._run(tracer)
+        finally:
+            if self._tracer is None and tracer.enabled:
+                # Flushing may wait on the exporter (bounded by OTEL_BSP_EXPORT_TIMEOUT): not on the loop.
+                await run_shielded(asyncio.to_thread(tracer.close))
+
+    async def _run(self, tracer: Tracer) -> None:
+        s = self.settings
         redis_client = connect(s.redis, client_name=f"commitfleet-worker-{self.worker_id}")
         crashed: BaseException | None = None
         try:
@@ -264,6 +280,7 @@ class Worker:
                     # in _work) is the only user of its pub/sub connection.
                     notifier=SharedReleaseNotifier(redis_client, keys.fleet_key("locks")),
                     probe=self._probe,
+                    tracer=tracer,
                 )
                 started = time.time()
                 joined = await wait_until_up(

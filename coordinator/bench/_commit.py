@@ -43,6 +43,7 @@ from shared.events import (
 )
 from shared.locks import StorageLock
 from shared.storage import CountingStore, ObjectStore, open_store
+from shared.tracing import NO_TRACER, Tracer
 
 MODES = ("baseline", "core", "fleet")
 
@@ -150,8 +151,13 @@ async def run_core(
     w: Workload,
     winners: dict[str, list[WinningAttempt]],
     inflight: int,
+    *,
+    tracer: Tracer = NO_TRACER,
 ) -> None:
     """The commit core as a worker runs it: lock, commit_dataset, release; ``inflight`` at a time.
+
+    ``tracer``: record the spans a worker records around it (the commit, the
+    lock wait, the phases), for the tracing overhead (tests/bench/tracing_overhead.py).
 
     Raises:
         RuntimeError: a dataset did not commit (quarantined or blocked).
@@ -162,8 +168,16 @@ async def run_core(
         ds, atts = item
         req = CommitRequest(dataset=ds, job=job, winners=atts, expected_tasks=len(atts))
         lock = StorageLock(store, lock_name(ds), owner="bench", settings=settings.lock)
-        async with lock.hold() as lease:
-            result = await commit_dataset(store, req, lease, settings)
+        attrs = {"commitfleet.job": job, "commitfleet.dataset": ds} if tracer.enabled else None
+        with tracer.span("commitfleet.commit", attributes=attrs) as span:
+            waited = time.time_ns()
+            async with lock.hold() as lease:
+                if tracer.enabled:
+                    tracer.record(
+                        "commitfleet.lock_wait", start_ns=waited, end_ns=time.time_ns(), attributes=attrs
+                    )
+                result = await commit_dataset(store, req, lease, settings, tracer=tracer)
+            span.set("commitfleet.status", result.status)
         if result.status != "committed":
             raise RuntimeError(f"{ds}: {result.status} ({result.quarantined})")
 

@@ -23,12 +23,13 @@ import tempfile
 import time
 from pathlib import Path
 
+import msgspec
 from rich.console import Console
 
 from coordinator import Coordinator
 from coordinator.demo import ThrowawayRedis
 from shared import Settings, TaskGroup, load_settings
-from shared.events import JobStarted, StagedFile, TaskFinished
+from shared.events import JobStarted, StagedFile, TaskFinished, TraceContext
 from shared.queue import AsyncPublisher, Keys, ShardConsumer, connect, ensure_fleet
 from shared.settings import masked_url
 from workers import Worker
@@ -73,8 +74,12 @@ async def measure_intake(settings: Settings, n: int, *, limit_s: float = 300.0) 
     return rate
 
 
-async def measure_intake_cpu(settings: Settings, n: int, *, limit_s: float = 300.0) -> tuple[float, float]:
+async def measure_intake_cpu(
+    settings: Settings, n: int, *, limit_s: float = 300.0, trace: TraceContext | None = None
+) -> tuple[float, float]:
     """Return :func:`measure_intake`'s rate and this process's CPU microseconds per event meanwhile.
+
+    ``trace``: the job's ``job_started`` carries it (the worker traces as ``settings.tracing`` says).
 
     The CPU figure (the worker, the idle coordinator and the observer, all in
     this process) moves far less with the machine's load than the rate does.
@@ -91,7 +96,8 @@ async def measure_intake_cpu(settings: Settings, n: int, *, limit_s: float = 300
             StagedFile(path="part-1.parquet", size=654321),
         ]
         now = time.time()
-        await pub.publish(JobStarted(job="bench", datasets=["ds"], timeout_s=3600, started_at=now))
+        opened = JobStarted(job="bench", datasets=["ds"], timeout_s=3600, started_at=now)
+        await pub.publish(opened if trace is None else msgspec.structs.replace(opened, trace=trace))
         await pub.publish_many(
             TaskFinished(
                 job="bench",

@@ -22,7 +22,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
@@ -291,18 +291,23 @@ class FleetProcess:
         extra: list[str] | None = None,
         *,
         module: str = "coordinator",
+        env: Mapping[str, str] | None = None,
     ) -> None:
         """Start ``python -m <module> <kind> --config CONFIG --id NAME [extra]``.
 
         ``module`` is the CLI's module; a test may name a launcher of its own
-        that plants a fault and then runs the same CLI.
+        that plants a fault and then runs the same CLI. ``env``: variables set
+        for the process on top of ours (e.g. ``OTEL_*`` for its tracer).
         """
         self.kind = kind
         self.name = name
         self.log_path = log_dir / f"{name}.log"
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in close()
-        env = {k: v for k, v in os.environ.items() if not k.startswith("COMMITFLEET_") and k != "REDIS_URL"}
-        env["PYTHONUNBUFFERED"] = "1"
+        child_env = {
+            k: v for k, v in os.environ.items() if not k.startswith("COMMITFLEET_") and k != "REDIS_URL"
+        }
+        child_env.update(env or {})
+        child_env["PYTHONUNBUFFERED"] = "1"
         argv = [
             sys.executable,
             "-m",
@@ -315,7 +320,7 @@ class FleetProcess:
             *(extra or []),
         ]
         self.proc = subprocess.Popen(
-            argv, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            argv, stdout=self._log, stderr=subprocess.STDOUT, env=child_env, start_new_session=True
         )
         _started(self)
 

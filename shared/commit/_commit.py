@@ -42,6 +42,7 @@ from ..events import staging_prefix
 from ..locks import Lease
 from ..settings import Settings
 from ..storage import ObjectInfo, ObjectStore
+from ..tracing import NO_TRACER, Tracer
 from ._bounded import commit_policy, with_retry
 from ._errors import CommitStepFailed
 from ._execute import run_steps
@@ -65,11 +66,13 @@ async def commit_dataset(
     extra_steps: Sequence[CommitStep] = (),
     clock: Callable[[], float] = time.time,
     probe: CommitProbe = no_probe,
+    tracer: Tracer = NO_TRACER,
 ) -> CommitResult:
     """Commit ``req`` exactly once, under the dataset's lock (``lease``): the pipeline of the module doc.
 
     The lock is not taken here: the caller holds it and passes its lease.
     ``probe`` is called at the points a test may hook into (see :data:`CommitProbe`).
+    ``tracer`` records a span per phase of the steps, under the caller's current span.
 
     Returns:
         ``committed``, ``quarantined``, ``blocked`` or ``refused`` (see :class:`CommitResult`).
@@ -83,7 +86,7 @@ async def commit_dataset(
     """
     start = time.monotonic()
     lease.check()
-    pipe = Pipeline(store, lease, settings, registry=registry, clock=clock, probe=probe)
+    pipe = Pipeline(store, lease, settings, registry=registry, clock=clock, probe=probe, tracer=tracer)
     earlier: list[CommitResult] = []
     recovered_jobs: list[str] = []
 
@@ -146,13 +149,16 @@ class Pipeline:
         registry: StepRegistry | None = None,
         clock: Callable[[], float] = time.time,
         probe: CommitProbe = no_probe,
+        tracer: Tracer = NO_TRACER,
     ) -> None:
         self.store = store
         self.lease = lease
         self.registry = registry
         self.policy = commit_policy(settings)
         self.log = WalLog(store, lease, policy=self.policy, registry=registry, clock=clock)
-        self.ctx = StepContext(store=store, lease=lease, settings=settings, clock=clock, probe=probe)
+        self.ctx = StepContext(
+            store=store, lease=lease, settings=settings, clock=clock, probe=probe, tracer=tracer
+        )
 
     async def recover(self, dataset: str, *, exclude_job: str | None = None) -> RecoveryResult:
         """Stage 2: finish the dataset's unfinished sequences, oldest first (all but ``exclude_job``'s).
@@ -311,12 +317,13 @@ async def recover_dataset(
     exclude_job: str | None = None,
     clock: Callable[[], float] = time.time,
     probe: CommitProbe = no_probe,
+    tracer: Tracer = NO_TRACER,
 ) -> RecoveryResult:
     """Finish the dataset's unfinished sequences, oldest first (all but ``exclude_job``'s): stages 3-5 each.
 
     Returns, raises and cancellation: as :meth:`Pipeline.recover`.
     """
-    pipe = Pipeline(store, lease, settings, registry=registry, clock=clock, probe=probe)
+    pipe = Pipeline(store, lease, settings, registry=registry, clock=clock, probe=probe, tracer=tracer)
     return await pipe.recover(dataset, exclude_job=exclude_job)
 
 

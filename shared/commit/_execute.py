@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from .._errors import CommitfleetError, LockLost
 from .._retry import RetryPolicy
 from ..storage import ObjectInfo
+from ..tracing import Attributes
 from ._bounded import with_retry
 from ._progress import Progress, step_failure
 from ._publish_phase import run_publish
@@ -105,22 +106,32 @@ async def run_steps(
             continue
         phase_start = time.monotonic()
         ctx.lease.check()
-        if phase == "publish":
-            if listed is None:
-                listed = await list_staging(ctx.store, job, dataset, policy)
-            await run_publish(items, ctx, policy, progress, listed=listed, fence=fence_once)
-        else:
-            if not fenced:
-                await fence_once()
-            for i, step in items:
-                ctx.lease.check()
-                await run_step(i, step, ctx, policy, progress)
-                if progress.failure is not None:
-                    break
-            progress.timings[phase] = time.monotonic() - phase_start
+        with ctx.tracer.span(f"commitfleet.{phase}", attributes=_phase_attributes(ctx, phase, items)) as span:
+            if phase == "publish":
+                if listed is None:
+                    listed = await list_staging(ctx.store, job, dataset, policy)
+                await run_publish(items, ctx, policy, progress, listed=listed, fence=fence_once)
+            else:
+                if not fenced:
+                    await fence_once()
+                for i, step in items:
+                    ctx.lease.check()
+                    await run_step(i, step, ctx, policy, progress)
+                    if progress.failure is not None:
+                        break
+                progress.timings[phase] = time.monotonic() - phase_start
+            if progress.failure is not None:
+                span.set("commitfleet.failure", progress.failure[:200])
         if progress.failure is not None:
             break
     return progress
+
+
+def _phase_attributes(ctx: StepContext, phase: str, items: list[tuple[int, CommitStep]]) -> Attributes | None:
+    """The attributes of a phase's span (None, built for nothing, when tracing is off)."""
+    if not ctx.tracer.enabled:
+        return None
+    return {"commitfleet.phase": phase, "commitfleet.steps": len(items)}
 
 
 __all__ = ["Fence", "run_step", "run_steps"]

@@ -34,6 +34,7 @@ from ..events import manifest_key
 from ..locks import Lease
 from ..settings import Settings
 from ..storage import ObjectInfo, ObjectStore
+from ..tracing import NO_TRACER, Tracer
 from ._bounded import for_each_bounded
 from ._errors import CommitStepFailed
 from ._model import Manifest, ManifestFile
@@ -68,6 +69,7 @@ class StepContext:
     can fix it). ``verified`` holds the staged sources checked before the
     publish phase, by key: their copies are pinned to those versions.
     ``probe`` is called at the points a test may hook into (default: none).
+    ``tracer`` records a span per phase (default: none; docs/tracing.md).
     """
 
     store: ObjectStore
@@ -76,6 +78,7 @@ class StepContext:
     clock: Callable[[], float] = time.time
     verified: Mapping[str, ObjectInfo] = field(default_factory=dict)
     probe: CommitProbe = no_probe
+    tracer: Tracer = NO_TRACER
 
 
 class CommitStep(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind"):

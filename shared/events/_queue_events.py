@@ -185,6 +185,43 @@ class StreamBatch(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     ]
 
 
+TRACEPARENT_PATTERN: Final = r"^00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}$"
+"""A W3C ``traceparent`` of version 00 (the only one defined), trace and parent ids not all zero."""
+
+
+class TraceContext(
+    msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True, omit_defaults=True, gc=False
+):
+    """The producer's span a job-level event belongs to (W3C Trace Context; docs/tracing.md).
+
+    The fleet's spans for the job (intake, commit, abort) are its children:
+    one trace per job. A ``traceparent`` that is not a valid version-00 value
+    is refused with the event (``schema``).
+    """
+
+    traceparent: Annotated[
+        str,
+        msgspec.Meta(
+            pattern=TRACEPARENT_PATTERN,
+            description="W3C traceparent: 00-<32 hex trace id>-<16 hex parent span id>-<2 hex flags>.",
+        ),
+    ]
+    tracestate: Annotated[
+        str,
+        msgspec.Meta(
+            max_length=512,
+            description="W3C tracestate, passed on as sent (a value the tracer cannot read is dropped).",
+        ),
+    ] = ""
+
+
+Trace = Annotated[
+    TraceContext | msgspec.UnsetType,
+    msgspec.Meta(description="The producer's trace context (optional; docs/tracing.md)."),
+]
+"""Unset (left out of the JSON, so an event without it reads as before) or the producer's context."""
+
+
 class _QueueEvent(
     msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True, tag_field="type", gc=False
 ):
@@ -207,6 +244,7 @@ class JobStarted(_QueueEvent, frozen=True, kw_only=True, tag="job_started"):
         StreamBatch | None,
         msgspec.Meta(description="Set when the job commits one micro-batch of a streaming query."),
     ] = None
+    trace: Trace = msgspec.UNSET
 
 
 class TaskFinished(_QueueEvent, frozen=True, kw_only=True, tag="task_finished"):
@@ -227,6 +265,7 @@ class JobFinished(_QueueEvent, frozen=True, kw_only=True, tag="job_finished"):
         dict[DatasetName, DatasetExpectation], msgspec.Meta(extra_json_schema={"minProperties": 1})
     ]
     finished_at: Timestamp
+    trace: Trace = msgspec.UNSET
 
 
 class JobFailed(_QueueEvent, frozen=True, kw_only=True, tag="job_failed"):
@@ -235,6 +274,7 @@ class JobFailed(_QueueEvent, frozen=True, kw_only=True, tag="job_failed"):
     datasets: DatasetList
     reason: str
     failed_at: Timestamp
+    trace: Trace = msgspec.UNSET
 
 
 class JobCancelled(_QueueEvent, frozen=True, kw_only=True, tag="job_cancelled"):
@@ -243,10 +283,14 @@ class JobCancelled(_QueueEvent, frozen=True, kw_only=True, tag="job_cancelled"):
     datasets: DatasetList
     reason: str
     cancelled_at: Timestamp
+    trace: Trace = msgspec.UNSET
 
 
 QueueEvent = JobStarted | TaskFinished | JobFinished | JobFailed | JobCancelled
 """Every queue event, as a tagged union (decode target)."""
+
+JobEvent = JobStarted | JobFinished | JobFailed | JobCancelled
+"""The job-level events: the ones that may carry ``trace``."""
 
 QUEUE_EVENT_TYPES: Final[dict[str, type[QueueEvent]]] = {
     str(cls.__struct_config__.tag): cls

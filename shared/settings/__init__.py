@@ -35,6 +35,7 @@ from ._sections import (
     TableBindingSettings,
     TableMode,
     TablesSettings,
+    TracingSettings,
     WorkerSettings,
     is_loopback_host,
 )
@@ -63,6 +64,7 @@ __all__ = [
     "TableBindingSettings",
     "TableMode",
     "TablesSettings",
+    "TracingSettings",
     "WorkerSettings",
     "coerce_secret",
     "is_cluster_url",

@@ -413,6 +413,17 @@ class TablesSettings(_Section, frozen=True):
                 raise ValueError(f"tables.bindings.{dataset}.table must be namespace.name, got {b.table!r}")
 
 
+class TracingSettings(_Section, frozen=True):
+    """Traces (OpenTelemetry, the ``otel`` extra; docs/tracing.md).
+
+    ``enabled`` turns the process's spans on; where they go is the standard
+    ``OTEL_*`` variables' (exporter, endpoint, sampler, service name). Off, no
+    code of OpenTelemetry is imported.
+    """
+
+    enabled: bool = False
+
+
 class Settings(_Section, frozen=True):
     """Every setting of a commitfleet process, frozen."""
 
@@ -428,6 +439,7 @@ class Settings(_Section, frozen=True):
     queue: QueueSettings = msgspec.field(default_factory=QueueSettings)
     log: LogSettings = msgspec.field(default_factory=LogSettings)
     tables: TablesSettings = msgspec.field(default_factory=TablesSettings)
+    tracing: TracingSettings = msgspec.field(default_factory=TracingSettings)
 
     def with_shards(self, shards: int) -> Settings:
         """Return a copy with ``fleet.shards`` set to ``shards`` (the fleet's resolved count)."""
@@ -450,6 +462,7 @@ __all__ = [
     "TableBindingSettings",
     "TableMode",
     "TablesSettings",
+    "TracingSettings",
     "WorkerSettings",
     "is_loopback_host",
 ]

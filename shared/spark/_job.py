@@ -41,9 +41,12 @@ from ..events import (
     QueueEvent,
     StreamBatch,
     TableBinding,
+    TaskFinished,
+    TraceContext,
     check_job,
 )
 from ..queue import DatasetResult
+from ..tracing import NO_TRACER, Attributes, TraceCarrier, Tracer
 from ._config import ProducerConfig
 from ._finish import JobEnd
 from ._names import check_datasets, new_job_id, reason_text
@@ -76,8 +79,19 @@ class JobContext:
     context itself is entered and left by one thread, after the others ended.
     """
 
-    def __init__(self, spark: SparkSession, job_id: str, datasets: tuple[str, ...], config: ProducerConfig):
+    def __init__(
+        self,
+        spark: SparkSession,
+        job_id: str,
+        datasets: tuple[str, ...],
+        config: ProducerConfig,
+        *,
+        tracer: Tracer = NO_TRACER,
+    ):
         self._spark = spark
+        self._tracer = tracer
+        # The job span's context, sent in every job-level event (``trace``); set by commit_job.
+        self._carrier: TraceCarrier | None = None
         self._job_id = job_id
         self._datasets = datasets
         self._config = config
@@ -208,7 +222,12 @@ class JobContext:
             if started is not None:
                 # The fleet keeps a dataset's first binding; JobFinished comes after this on the same shards.
                 self._publish(started)
-            return self._write(df, dataset, watermarks, partition_by, compression, fail_once_tasks)
+            # The job's span is given as parent: this may run in another thread than commit_job's.
+            attributes = {"commitfleet.job": self._job_id, "commitfleet.dataset": dataset}
+            with self._tracer.span("commitfleet.write", parent=self._carrier, attributes=attributes) as span:
+                results = self._write(df, dataset, watermarks, partition_by, compression, fail_once_tasks)
+                span.set("commitfleet.tasks", len(results))
+                return results
         finally:
             with self._lock:
                 self._writing.discard(dataset)
@@ -283,6 +302,10 @@ class JobContext:
             sc.setLocalProperty(key, value)  # type: ignore[arg-type]  # None removes the property
 
     def _publish(self, ev: QueueEvent) -> None:
+        carrier = self._carrier
+        if carrier is not None and type(ev) is not TaskFinished:
+            trace = TraceContext(traceparent=carrier.traceparent, tracestate=carrier.tracestate)
+            ev = msgspec.structs.replace(ev, trace=trace)
         publish(self._config, ev)
 
     def _check_complete(self) -> None:
@@ -334,6 +357,7 @@ def commit_job(
     config: ProducerConfig,
     wait: bool | None = None,
     stream: StreamBatch | None = None,
+    tracer: Tracer = NO_TRACER,
 ) -> Iterator[JobContext]:
     """Open a commitfleet job around Spark actions; see the module docstring.
 
@@ -346,6 +370,10 @@ def commit_job(
     ``wait=False`` returns once ``JobFinished`` is published. ``stream`` is
     set by :func:`~shared.spark.commit_batches` only: the micro-batch the job
     commits (``JobStarted.stream``; the driver then polls in short steps).
+    ``tracer`` (default: none, see :func:`shared.tracing.open_tracer`) records
+    the job's span ``commitfleet.job`` (a child of the caller's current span,
+    if any) and sends its context in the job-level events, so the fleet's
+    spans of the job join its trace (docs/tracing.md).
 
     Yields:
         The :class:`JobContext` to write datasets through.
@@ -375,8 +403,21 @@ def commit_job(
     except BadInput as exc:
         raise BadInput(f"bad job id: {exc}") from None
     names = check_datasets(datasets)
-    resolved = resolve_shards(config)
-    ctx = JobContext(spark, job, names, resolved)
+    attributes: Attributes = {"commitfleet.job": job, "commitfleet.datasets": len(names)}
+    with tracer.span("commitfleet.job", attributes=attributes) as span:
+        resolved = resolve_shards(config)
+        ctx = JobContext(spark, job, names, resolved, tracer=tracer)
+        ctx._carrier = span.carrier()
+        with _running(ctx, resolved, stream, wait) as running:
+            yield running  # the wait for the outcome, when asked, is _running's: inside the span
+
+
+@contextmanager
+def _running(
+    ctx: JobContext, resolved: ProducerConfig, stream: StreamBatch | None, wait: bool | None
+) -> Iterator[JobContext]:
+    """The body of :func:`commit_job` once the job context exists (inside the job's span)."""
+    job, names, spark = ctx.job_id, ctx.datasets, ctx._spark
     run_preflight(spark, job, resolved)  # executors can import, write, reach Redis (spark: _preflight.py)
     saved = ctx._group_properties()
     ctx._started = JobStarted(
@@ -408,7 +449,8 @@ def commit_job(
         ctx._end.publish_finished(ctx.expectations)
         if resolved.wait if wait is None else wait:
             poll = (STREAM_POLL_MIN_S, STREAM_POLL_MAX_S) if stream is not None else (POLL_MIN_S, POLL_MAX_S)
-            ctx._end.wait(resolved.wait_timeout, poll)
+            with ctx._tracer.span("commitfleet.wait", attributes={"commitfleet.job": job}):
+                ctx._end.wait(resolved.wait_timeout, poll)
     finally:
         heartbeat.stop()
         ctx._restore_group_properties(saved)

@@ -67,6 +67,7 @@ from ..queue import (
     write_stream_run_sync,
 )
 from ..storage import ObjectStore
+from ..tracing import NO_TRACER, Attributes, Tracer
 from ._config import ProducerConfig
 from ._executor_runtime import ExecutorRuntime, process_runtime
 from ._job import JobContext, commit_job
@@ -92,7 +93,7 @@ from ._stream_plan import (
 from ._winners import TaskResult
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger(__name__)
 
@@ -193,8 +194,10 @@ class BatchCommitter:
         datasets: Iterable[str],
         config: ProducerConfig,
         probe: BatchProbe | None = None,
+        tracer: Tracer = NO_TRACER,
     ) -> None:
         self._write = write
+        self._tracer = tracer
         self.app_id = check_app_id(app_id)
         self.datasets = check_datasets(datasets)
         self._config = config
@@ -225,6 +228,13 @@ class BatchCommitter:
             raise BadInput(
                 "commit_batches: no streaming query id: call it from DataStreamWriter.foreachBatch"
             )
+        attributes: Attributes = {"commitfleet.app_id": self.app_id, "commitfleet.batch": batch_id}
+        with self._tracer.span("commitfleet.batch", attributes=attributes) as span:
+            span.set("commitfleet.query", query)
+            self._batch(spark, query, batch_df, batch_id)
+
+    def _batch(self, spark: SparkSession, query: str, batch_df: DataFrame, batch_id: int) -> None:
+        """The body of :meth:`__call__` (inside the batch's span)."""
         self._probe("batch.start", batch_id)
         config = self._config_resolved()
         plan = self._plan(config, query, batch_id)
@@ -236,7 +246,9 @@ class BatchCommitter:
         self._record(config, job_id, batch_id, query, "running", plan.todo)
         results: dict[str, DatasetResult]
         try:
-            with commit_job(spark, job_id, plan.todo, config=self._job_config(config), stream=stream) as ctx:
+            with commit_job(
+                spark, job_id, plan.todo, config=self._job_config(config), stream=stream, tracer=self._tracer
+            ) as ctx:
                 self._checked = True
                 self._write(BatchJob(ctx, self.app_id, batch_id, query, plan.done), batch_df, batch_id)
                 self._probe("batch.staged", batch_id)
@@ -456,6 +468,7 @@ def commit_batches(
     datasets: Iterable[str],
     config: ProducerConfig,
     probe: BatchProbe | None = None,
+    tracer: Tracer = NO_TRACER,
 ) -> BatchCommitter:
     """Return the function to give ``DataStreamWriter.foreachBatch``: each micro-batch committed once.
 
@@ -465,6 +478,8 @@ def commit_batches(
     for good (1-64 letters, digits, ``_.-``): keep it across restarts of the
     query; a query restarted without its checkpoint needs a new one (or
     ``commitfleet stream reset``). ``probe`` is FAULT INJECTION for tests.
+    ``tracer`` records a ``commitfleet.batch`` span per micro-batch, the
+    batch's job span under it (docs/tracing.md).
 
     Returns:
         A :class:`BatchCommitter`; see the module doc for what each call does.
@@ -472,7 +487,7 @@ def commit_batches(
     Raises:
         BadInput: bad ``app_id`` or dataset names.
     """
-    return BatchCommitter(write, app_id=app_id, datasets=datasets, config=config, probe=probe)
+    return BatchCommitter(write, app_id=app_id, datasets=datasets, config=config, probe=probe, tracer=tracer)
 
 
 __all__ = [

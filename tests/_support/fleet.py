@@ -23,6 +23,7 @@ from shared.events import AdminEvent
 from shared.queue import AsyncPublisher, DeadLetter, Keys, ensure_fleet, read_admin_range, read_dead_letters
 from shared.spark import ProducerConfig
 from shared.storage import ObjectStore, open_store
+from shared.tracing import Tracer
 from workers import Probe, Worker
 
 
@@ -67,6 +68,7 @@ class InProcessFleet:
     publisher: AsyncPublisher
     spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]] = field(repr=False)
     probe: Probe | None = None
+    tracer: Tracer | None = None
 
     @property
     def keys(self) -> Keys:
@@ -96,7 +98,7 @@ class InProcessFleet:
 
     def start_worker(self, worker_id: str) -> tuple[Worker, asyncio.Task[None]]:
         """Start one more worker (it joins :attr:`workers`); return it and the task running it."""
-        worker = Worker(self.settings, worker_id=worker_id, probe=self.probe)
+        worker = Worker(self.settings, worker_id=worker_id, probe=self.probe, tracer=self.tracer)
         task = self.spawn(worker.run())
         self.workers.append(worker)
         self.worker_tasks.append(task)
@@ -135,6 +137,7 @@ async def inprocess_fleet(
     ensure: bool = True,
     workers_may_fail: bool = False,
     probe: Probe | None = None,
+    tracer: Tracer | None = None,
 ) -> AsyncIterator[InProcessFleet]:
     """Run a coordinator ``c1`` and one worker per id of ``workers`` in this process until the block ends.
 
@@ -144,7 +147,8 @@ async def inprocess_fleet(
     ``redis_client`` is the test's own client. ``ensure``: create the fleet's
     streams and groups before anything starts (as ``commitfleet init`` does).
     ``probe``: every worker's probe (:mod:`workers._probe`, e.g. a gate of
-    :mod:`tests._support.checkpoints`), by default nothing.
+    :mod:`tests._support.checkpoints`), by default nothing. ``tracer``: every
+    worker's tracer (e.g. over an in-memory exporter), by default the settings'.
 
     At the block's end every process is asked to stop and is waited for. By
     default they run in a task group: one that raises fails the test at once,
@@ -158,7 +162,7 @@ async def inprocess_fleet(
     if ensure:
         await ensure_fleet(redis_client, fleet_name, shards)
     coord = Coordinator(settings, coordinator_id="c1")
-    members = [Worker(settings, worker_id=wid, probe=probe) for wid in workers]
+    members = [Worker(settings, worker_id=wid, probe=probe, tracer=tracer) for wid in workers]
     secret = settings.security.hmac_secret.reveal_bytes()
     publisher = AsyncPublisher(
         redis_client, fleet_name, shards, secret=secret, durability=settings.redis.durable
@@ -173,7 +177,17 @@ async def inprocess_fleet(
         coord_task = spawn(coord.run())
         worker_tasks = [spawn(w.run()) for w in members]
         fleet = InProcessFleet(
-            settings, store, redis_client, coord, coord_task, members, worker_tasks, publisher, spawn, probe
+            settings,
+            store,
+            redis_client,
+            coord,
+            coord_task,
+            members,
+            worker_tasks,
+            publisher,
+            spawn,
+            probe,
+            tracer,
         )
         try:
             yield fleet
