@@ -238,13 +238,14 @@ class Worker:
         s = self.settings
         tracer = self._tracer or open_tracer(s.tracing, service="commitfleet-worker")
         try:
-            await self._run(tracer)
+            await self._run_traced(tracer)
         finally:
             if self._tracer is None and tracer.enabled:
                 # Flushing may wait on the exporter (bounded by OTEL_BSP_EXPORT_TIMEOUT): not on the loop.
                 await run_shielded(asyncio.to_thread(tracer.close))
 
-    async def _run(self, tracer: Tracer) -> None:
+    async def _run_traced(self, tracer: Tracer) -> None:
+        """The worker's life with its tracer open (same returns, raises and cancellation as :meth:`run`)."""
         s = self.settings
         redis_client = connect(s.redis, client_name=f"commitfleet-worker-{self.worker_id}")
         crashed: BaseException | None = None
