@@ -330,6 +330,7 @@ class SyncPublisher(_PublisherBase):
         wait_timeout: float = 1.0,
         sign_version: int = 2,
         durability: Durability | None = None,
+        policy: RetryPolicy | None = None,
     ) -> SyncPublisher:
         """Return this process's publisher for these arguments, creating it on first use.
 
@@ -353,6 +354,7 @@ class SyncPublisher(_PublisherBase):
             wait_replicas,
             wait_timeout,
             durability,
+            policy,
         )
         with cls._cache_lock:
             found = cls._cache.get(key)
@@ -372,6 +374,7 @@ class SyncPublisher(_PublisherBase):
                     wait_timeout=wait_timeout,
                     sign_version=sign_version,
                     durability=durability,
+                    policy=policy,
                 )
                 cls._cache[key] = found
             return found
