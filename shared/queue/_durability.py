@@ -41,6 +41,7 @@ from ..settings import Durability
 from ._cluster import is_cluster
 from ._connect import redis_errors
 from ._keys import Keys
+from ._sentinel import rediscover
 
 log = logging.getLogger(__name__)
 
@@ -99,8 +100,15 @@ def _shortfall(reply: Any, durability: Durability) -> str | None:
     return None
 
 
-def check_durable(replies: list[Any], waits: int, durability: Durability) -> list[Any]:
+def check_durable(
+    replies: list[Any], waits: int, durability: Durability, *, client: object = None
+) -> list[Any]:
     """Return ``replies`` without their last ``waits`` replies (the waits), after checking them.
+
+    ``client`` is the client that ran them: on a shortfall, a Sentinel client
+    is made to ask the Sentinels for the master before its next command
+    (:func:`~shared.queue._sentinel.rediscover`): a master that lost its
+    replicas may have been replaced while it still answers.
 
     Raises:
         TransientError: a wait saw fewer acknowledgements than the level asks
@@ -113,6 +121,7 @@ def check_durable(replies: list[Any], waits: int, durability: Durability) -> lis
     for reply in acks:
         why = _shortfall(reply, durability)
         if why is not None:
+            rediscover(client)
             raise TransientError(f"durability {durability.describe()}: {why}")
     return body
 
@@ -141,7 +150,7 @@ async def make_durable(client: redis.asyncio.Redis, key: str, durability: Durabi
             pipe.set(key, b"1")
             waits = queue_durable(client, pipe, [key], durability)
             replies = list(await pipe.execute())
-    check_durable(replies, waits, durability)
+    check_durable(replies, waits, durability, client=client)
 
 
 def probe_keys(keys: Keys, shards: int) -> list[str]:

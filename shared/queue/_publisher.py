@@ -245,7 +245,9 @@ class AsyncPublisher(_PublisherBase):
                         for shard, fields in chunk:
                             pipe.xadd(self.keys.events(shard), dict(fields), **extra)  # type: ignore[arg-type]
                         waits = self._queue_waits(self.redis, pipe, chunk)
-                        return check_durable(list(await pipe.execute()), waits, self.durability)
+                        return check_durable(
+                            list(await pipe.execute()), waits, self.durability, client=self.redis
+                        )
 
             ids.extend(await retry(send, self.policy, on_retry=self.on_retry))
         return ids
@@ -435,7 +437,7 @@ class SyncPublisher(_PublisherBase):
                     for shard, fields in chunk:
                         pipe.xadd(self.keys.events(shard), dict(fields), **extra)  # type: ignore[arg-type]
                     waits = self._queue_waits(self.redis, pipe, chunk)
-                    return check_durable(list(pipe.execute()), waits, self.durability)
+                    return check_durable(list(pipe.execute()), waits, self.durability, client=self.redis)
 
             ids.extend(retry_sync(send, self.policy, on_retry=self.on_retry))
         return ids
