@@ -21,7 +21,9 @@ A level the server cannot give stops a process at start with one line
 (:func:`check_durability`): fewer connected replicas than asked, where
 ``INFO replication`` answers; then, everywhere, the command itself after a
 one-byte write (on managed Redis without ``CONFIG`` or ``INFO`` that is the
-only way to know). ``CONFIG GET append*`` only helps say why.
+only way to know). ``CONFIG GET append*`` is sent only once the check has
+failed, to say why (a refused ``CONFIG`` is ignored): a fleet that runs never
+sends ``CONFIG``.
 """
 
 from __future__ import annotations
@@ -261,17 +263,16 @@ def _note_slow(durability: Durability, elapsed: float) -> None:
         )
 
 
-async def _facts_async(client: redis.asyncio.Redis) -> dict[str, str]:
+async def _facts_async(client: redis.asyncio.Redis, *, config: bool = False) -> dict[str, str]:
+    """Return what ``INFO`` (and, with ``config``, ``CONFIG GET append*``) say; {} on a cluster."""
     if is_cluster(client):
         return {}
     replies: list[object] = []
-    for call in (
-        lambda: client.info("server"),
-        lambda: client.info("replication"),
-        lambda: client.config_get("append*"),
-    ):
+    calls: list[Any] = [lambda: client.info("server"), lambda: client.info("replication")]
+    calls.append((lambda: client.config_get("append*")) if config else None)
+    for call in calls:
         try:
-            replies.append(await call())
+            replies.append(None if call is None else await call())
         except rx.RedisError:
             replies.append(None)  # managed Redis may refuse INFO or CONFIG: the check needs neither
     return _facts(*replies)
@@ -312,6 +313,7 @@ async def check_durability(client: redis.asyncio.Redis, durability: Durability, 
                 raise reply  # the one-byte write itself failed: READONLY, NOPERM, ... (translated)
         for reply in replies[-waits:]:
             if refusal(durability, reply, {}) is not None:
+                facts |= await _facts_async(client, config=True)  # only now: CONFIG helps say why
                 raise ConfigError(refusal(probe, reply, facts))
     _note_slow(durability, elapsed)
 
@@ -337,21 +339,21 @@ def check_durability_sync(client: redis.Redis, durability: Durability, keys: Seq
                 raise reply
         for reply in replies[-waits:]:
             if refusal(durability, reply, {}) is not None:
+                facts |= _facts_sync(client, config=True)
                 raise ConfigError(refusal(probe, reply, facts))
     _note_slow(durability, elapsed)
 
 
-def _facts_sync(client: redis.Redis) -> dict[str, str]:
+def _facts_sync(client: redis.Redis, *, config: bool = False) -> dict[str, str]:
+    """Blocking twin of :func:`_facts_async`."""
     if is_cluster(client):
         return {}
     replies: list[object] = []
-    for call in (
-        lambda: client.info("server"),
-        lambda: client.info("replication"),
-        lambda: client.config_get("append*"),
-    ):
+    calls: list[Any] = [lambda: client.info("server"), lambda: client.info("replication")]
+    calls.append((lambda: client.config_get("append*")) if config else None)
+    for call in calls:
         try:
-            replies.append(call())
+            replies.append(None if call is None else call())
         except rx.RedisError:
             replies.append(None)
     return _facts(*replies)

@@ -331,7 +331,7 @@ async def all_resolved(fleet: Fleet, run: Run) -> tuple[set[str], Counter[tuple[
 
 
 async def check_replicas(fleet: Fleet, run: Run) -> None:
-    """ "replicas" or "aof+replicas": everything committed once, every outcome announced once, nothing lost."""
+    """With "replicas" or "aof+replicas": everything committed once, every outcome announced once."""
     for job, names in run.jobs.items():
         await wait_for(
             lambda j=job, n=names: committed(fleet.store, n, j), timeout=180, interval=0.5, what=job
@@ -355,7 +355,7 @@ async def check_replicas(fleet: Fleet, run: Run) -> None:
 
 
 async def check_memory(fleet: Fleet, group: LocalSentinelGroup, run: Run, fault: str) -> None:
-    """ "memory": report what was lost and how the fleet came back; assert what holds anyway.
+    """With "memory": report what was lost and how the fleet came back; assert what holds anyway.
 
     A write the master acknowledged and died with is gone: a job whose every event was lost is
     unknown to the fleet (only its producer, waiting for the outcome, can notice); one that lost
