@@ -1,20 +1,20 @@
 """The minimal Redis ACLs of a worker, a coordinator and a producer, tested against real servers.
 
-docs/queue.md ("ACLs") gives these rules; :func:`test_the_docs_give_the_tested_rules` checks that
-it gives exactly these. Each role's user may run only the commands listed (scripts' own commands
-included: Redis checks a script's ``redis.call`` against the caller's ACL) on the fleet's keys
-``~cf:<fleet>:*``; a worker also publishes and subscribes the fleet's lock-release channels
-``&cf:<fleet>:*``. The coordinator is given the worker's rule (its own user). Nothing here needs
-``CONFIG``, ``KEYS`` or ``SCAN``.
+docs/queue.md ("ACLs") gives these rules; :func:`test_the_docs_give_the_tested_rules` checks
+that it gives exactly these (for a fleet named ``prod``). Each role's user may run only the
+commands listed (scripts' own commands included: Redis checks a script's ``redis.call``
+against the caller's ACL) on the fleet's keys ``~cf:<fleet>:*``; a worker also publishes and
+subscribes the fleet's lock-release channels ``&cf:<fleet>:*``. The coordinator is given the
+worker's rule (its own user). Nothing here needs ``CONFIG``, ``KEYS`` or ``SCAN``.
 
-On the machine's Redis 7.0 (``durability = "replicas"``, a replica started here) and on Redis 8.2
-(``"aof+replicas"``, both nodes with ``appendonly yes``; :func:`modern_redis_server`): a coordinator
-and a worker (in this process, each with its own client and user) commit a job a producer publishes
-through the Spark side's own calls (the executors' and the driver's publisher, the shard count
-read from the fleet record, the driver's heartbeat, its wait for the outcome, a streaming app's
-run record), and Redis's ``ACL LOG`` stays empty: no command was denied, a lock-release notice
-included (a refused ``PUBLISH`` / ``SUBSCRIBE`` is only logged by the worker). Then each role
-loses one command and the error is seen: a ConfigError naming it.
+On the machine's Redis 7.0 (``durability = "replicas"``, a replica started here) and on Redis
+8.2 (``"aof+replicas"``, both nodes with ``appendonly yes``; :func:`modern_redis_server`): a
+coordinator and a worker (in this process, each with its own client and user) commit a job a
+producer publishes through the Spark side's own calls (the executors' and the driver's
+publisher, the shard count read from the fleet record, the driver's heartbeat, its wait for
+the outcome, a streaming app's run record), and Redis's ``ACL LOG`` stays empty: no command
+was denied, a lock-release notice included (a refused ``PUBLISH`` / ``SUBSCRIBE`` is only
+logged by the worker). Then each role loses one command and the error is seen.
 """
 
 from __future__ import annotations
@@ -120,6 +120,7 @@ def rule(fleet: str, commands: list[str], *, channels: bool, modern: bool) -> li
 
 
 def set_user(admin: redis.Redis, user: str, args: list[str]) -> None:
+    """``ACL SETUSER`` as docs/queue.md writes it (:func:`setuser_line`), with the user's password."""
     admin.execute_command("ACL", "SETUSER", user, "reset", f">{user}-pw", *args)
 
 
@@ -305,3 +306,16 @@ async def test_a_worker_without_xreadgroup_reads_nothing_and_says_why(
         assert {(e[b"username"], e[b"object"]) for e in acl_log(admin)} == {(b"worker", b"xreadgroup")}
     finally:
         admin.close()
+
+
+def setuser_line(user: str, args: list[str]) -> str:
+    """Return the rule as docs/queue.md writes it: ``ACL SETUSER <user> reset >PASSWORD <args>``."""
+    return " ".join(["ACL SETUSER", user, "reset", ">PASSWORD", *args])
+
+
+def test_the_docs_give_the_tested_rules() -> None:
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "queue.md").read_text()
+    lines = docs.splitlines()
+    assert setuser_line("cf-worker", rule("prod", WORKER, channels=True, modern=False)) in lines
+    assert setuser_line("cf-producer", rule("prod", PRODUCER, channels=False, modern=False)) in lines
+    assert f"add `{' '.join(MODERN)}` to each" in docs
