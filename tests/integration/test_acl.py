@@ -36,6 +36,7 @@ from shared.spark import ProducerConfig, wait_for_outcome
 from shared.spark._outcome import Heartbeat
 from shared.spark._publishing import publish, publisher_for, resolve_shards
 from shared.storage import open_store
+from tests._support.acl import MODERN, PRODUCER, WORKER, rule, setuser_line
 from tests._support.fleet import fleet_settings
 from tests._support.fleet_jobs import good_job
 from tests._support.redis_server import RedisServer, modern_redis_server, wait_replica_synced
@@ -43,80 +44,6 @@ from tests._support.wait import wait_for_sync
 from workers import Worker
 
 Factory = Callable[..., RedisServer]
-
-# Every role: authenticate, name its connection, answer the durability check.
-_CONNECTION = ["+ping", "+hello", "+client|setname", "+info"]
-WORKER = [
-    *_CONNECTION,
-    "+eval",
-    "+evalsha",
-    "+script|load",
-    "+get",
-    "+set",
-    "+del",
-    "+mget",
-    "+exists",
-    "+expire",
-    "+hget",
-    "+hgetall",
-    "+hset",
-    "+hsetnx",
-    "+hdel",
-    "+hincrby",
-    "+hkeys",
-    "+hexists",
-    "+sadd",
-    "+srem",
-    "+smembers",
-    "+zadd",
-    "+zrem",
-    "+zcard",
-    "+zrange",
-    "+zrangebyscore",
-    "+xadd",
-    "+xack",
-    "+xclaim",
-    "+xdel",
-    "+xlen",
-    "+xrange",
-    "+xrevrange",
-    "+xread",
-    "+xreadgroup",
-    "+xtrim",
-    "+xpending",
-    "+xgroup|create",
-    "+xgroup|delconsumer",
-    "+xinfo|groups",
-    "+xinfo|consumers",
-    "+publish",
-    "+subscribe",
-    "+unsubscribe",
-    "+wait",
-]
-PRODUCER = [
-    *_CONNECTION,
-    "+eval",
-    "+hget",
-    "+hsetnx",
-    "+hgetall",
-    "+hexists",
-    "+xadd",
-    "+set",
-    "+hset",
-    "+expire",
-    "+multi",
-    "+exec",
-    "+wait",
-]
-# Redis 7.2+ only (7.0's ACL SETUSER refuses the names): redis-py names its library on each new
-# connection there (CLIENT SETINFO; denied, it goes on, but the ACL log fills up), and the aof levels.
-MODERN = ["+client|setinfo", "+waitaof"]
-
-
-def rule(fleet: str, commands: list[str], *, channels: bool, modern: bool) -> list[str]:
-    """Return the ``ACL SETUSER <user>`` arguments after the user name (the password left out)."""
-    pattern = f"&cf:{fleet}:*" if channels else "resetchannels"
-    return ["on", "resetkeys", f"~cf:{fleet}:*", pattern, "-@all", *commands, *(MODERN if modern else [])]
 
 
 def set_user(admin: redis.Redis, user: str, args: list[str]) -> None:
@@ -306,11 +233,6 @@ async def test_a_worker_without_xreadgroup_reads_nothing_and_says_why(
         assert {(e[b"username"], e[b"object"]) for e in acl_log(admin)} == {(b"worker", b"xreadgroup")}
     finally:
         admin.close()
-
-
-def setuser_line(user: str, args: list[str]) -> str:
-    """Return the rule as docs/queue.md writes it: ``ACL SETUSER <user> reset >PASSWORD <args>``."""
-    return " ".join(["ACL SETUSER", user, "reset", ">PASSWORD", *args])
 
 
 def test_the_docs_give_the_tested_rules() -> None:
