@@ -501,7 +501,7 @@ class ShardStateStore:
             for reply in replies[-waits - 1 :]:  # the marker's SET, then the waits
                 if isinstance(reply, BaseException):
                     raise reply
-            check_durable(replies, waits, durability)
+            check_durable(replies, waits, durability, client=self.redis)
         return saved, ahead
 
     async def _pipelined(self, prep: Prepared, count: int) -> list[object]:

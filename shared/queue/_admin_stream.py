@@ -234,7 +234,7 @@ class AdminPublisher:
                 # file are one ordered log per master.
                 pipe.set(self.keys.fleet_key("wait"), b"1")
             waits = queue_durable(self.redis, pipe, [self.keys.admin], self.durability)
-            replies = check_durable(list(await pipe.execute()), waits, self.durability)
+            replies = check_durable(list(await pipe.execute()), waits, self.durability, client=self.redis)
             return replies[:1]
 
     @property

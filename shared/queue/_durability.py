@@ -21,7 +21,9 @@ A level the server cannot give stops a process at start with one line
 (:func:`check_durability`): fewer connected replicas than asked, where
 ``INFO replication`` answers; then, everywhere, the command itself after a
 one-byte write (on managed Redis without ``CONFIG`` or ``INFO`` that is the
-only way to know). ``CONFIG GET append*`` only helps say why.
+only way to know). ``CONFIG GET append*`` is sent only once the check has
+failed, to say why (a refused ``CONFIG`` is ignored): a fleet that runs never
+sends ``CONFIG``.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from ..settings import Durability
 from ._cluster import is_cluster
 from ._connect import redis_errors
 from ._keys import Keys
+from ._sentinel import rediscover
 
 log = logging.getLogger(__name__)
 
@@ -99,8 +102,15 @@ def _shortfall(reply: Any, durability: Durability) -> str | None:
     return None
 
 
-def check_durable(replies: list[Any], waits: int, durability: Durability) -> list[Any]:
+def check_durable(
+    replies: list[Any], waits: int, durability: Durability, *, client: object = None
+) -> list[Any]:
     """Return ``replies`` without their last ``waits`` replies (the waits), after checking them.
+
+    ``client`` is the client that ran them: on a shortfall, a Sentinel client
+    is made to ask the Sentinels for the master before its next command
+    (:func:`~shared.queue._sentinel.rediscover`): a master that lost its
+    replicas may have been replaced while it still answers.
 
     Raises:
         TransientError: a wait saw fewer acknowledgements than the level asks
@@ -113,6 +123,7 @@ def check_durable(replies: list[Any], waits: int, durability: Durability) -> lis
     for reply in acks:
         why = _shortfall(reply, durability)
         if why is not None:
+            rediscover(client)
             raise TransientError(f"durability {durability.describe()}: {why}")
     return body
 
@@ -141,7 +152,7 @@ async def make_durable(client: redis.asyncio.Redis, key: str, durability: Durabi
             pipe.set(key, b"1")
             waits = queue_durable(client, pipe, [key], durability)
             replies = list(await pipe.execute())
-    check_durable(replies, waits, durability)
+    check_durable(replies, waits, durability, client=client)
 
 
 def probe_keys(keys: Keys, shards: int) -> list[str]:
@@ -252,17 +263,16 @@ def _note_slow(durability: Durability, elapsed: float) -> None:
         )
 
 
-async def _facts_async(client: redis.asyncio.Redis) -> dict[str, str]:
+async def _facts_async(client: redis.asyncio.Redis, *, config: bool = False) -> dict[str, str]:
+    """Return what ``INFO`` (and, with ``config``, ``CONFIG GET append*``) say; {} on a cluster."""
     if is_cluster(client):
         return {}
     replies: list[object] = []
-    for call in (
-        lambda: client.info("server"),
-        lambda: client.info("replication"),
-        lambda: client.config_get("append*"),
-    ):
+    calls: list[Any] = [lambda: client.info("server"), lambda: client.info("replication")]
+    calls.append((lambda: client.config_get("append*")) if config else None)
+    for call in calls:
         try:
-            replies.append(await call())
+            replies.append(None if call is None else await call())
         except rx.RedisError:
             replies.append(None)  # managed Redis may refuse INFO or CONFIG: the check needs neither
     return _facts(*replies)
@@ -303,6 +313,7 @@ async def check_durability(client: redis.asyncio.Redis, durability: Durability, 
                 raise reply  # the one-byte write itself failed: READONLY, NOPERM, ... (translated)
         for reply in replies[-waits:]:
             if refusal(durability, reply, {}) is not None:
+                facts |= await _facts_async(client, config=True)  # only now: CONFIG helps say why
                 raise ConfigError(refusal(probe, reply, facts))
     _note_slow(durability, elapsed)
 
@@ -328,21 +339,21 @@ def check_durability_sync(client: redis.Redis, durability: Durability, keys: Seq
                 raise reply
         for reply in replies[-waits:]:
             if refusal(durability, reply, {}) is not None:
+                facts |= _facts_sync(client, config=True)
                 raise ConfigError(refusal(probe, reply, facts))
     _note_slow(durability, elapsed)
 
 
-def _facts_sync(client: redis.Redis) -> dict[str, str]:
+def _facts_sync(client: redis.Redis, *, config: bool = False) -> dict[str, str]:
+    """Blocking twin of :func:`_facts_async`."""
     if is_cluster(client):
         return {}
     replies: list[object] = []
-    for call in (
-        lambda: client.info("server"),
-        lambda: client.info("replication"),
-        lambda: client.config_get("append*"),
-    ):
+    calls: list[Any] = [lambda: client.info("server"), lambda: client.info("replication")]
+    calls.append((lambda: client.config_get("append*")) if config else None)
+    for call in calls:
         try:
-            replies.append(call())
+            replies.append(None if call is None else call())
         except rx.RedisError:
             replies.append(None)
     return _facts(*replies)

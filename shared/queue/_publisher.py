@@ -245,7 +245,9 @@ class AsyncPublisher(_PublisherBase):
                         for shard, fields in chunk:
                             pipe.xadd(self.keys.events(shard), dict(fields), **extra)  # type: ignore[arg-type]
                         waits = self._queue_waits(self.redis, pipe, chunk)
-                        return check_durable(list(await pipe.execute()), waits, self.durability)
+                        return check_durable(
+                            list(await pipe.execute()), waits, self.durability, client=self.redis
+                        )
 
             ids.extend(await retry(send, self.policy, on_retry=self.on_retry))
         return ids
@@ -330,6 +332,7 @@ class SyncPublisher(_PublisherBase):
         wait_timeout: float = 1.0,
         sign_version: int = 2,
         durability: Durability | None = None,
+        policy: RetryPolicy | None = None,
     ) -> SyncPublisher:
         """Return this process's publisher for these arguments, creating it on first use.
 
@@ -353,6 +356,7 @@ class SyncPublisher(_PublisherBase):
             wait_replicas,
             wait_timeout,
             durability,
+            policy,
         )
         with cls._cache_lock:
             found = cls._cache.get(key)
@@ -372,6 +376,7 @@ class SyncPublisher(_PublisherBase):
                     wait_timeout=wait_timeout,
                     sign_version=sign_version,
                     durability=durability,
+                    policy=policy,
                 )
                 cls._cache[key] = found
             return found
@@ -432,7 +437,7 @@ class SyncPublisher(_PublisherBase):
                     for shard, fields in chunk:
                         pipe.xadd(self.keys.events(shard), dict(fields), **extra)  # type: ignore[arg-type]
                     waits = self._queue_waits(self.redis, pipe, chunk)
-                    return check_durable(list(pipe.execute()), waits, self.durability)
+                    return check_durable(list(pipe.execute()), waits, self.durability, client=self.redis)
 
             ids.extend(retry_sync(send, self.policy, on_retry=self.on_retry))
         return ids

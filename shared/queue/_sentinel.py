@@ -23,7 +23,14 @@ does on a failover, and what we rely on (redis-py 8.1):
   its replicas: an old master back from a freeze, not yet demoted) and
   ``UNBLOCKED`` for a blocked read the server ended because it became a
   replica are treated the same way here: the connection is dropped and the
-  retry asks the Sentinels.
+  retry asks the Sentinels;
+- a ``WAIT`` / ``WAITAOF`` that falls short of ``redis.durability`` (a master
+  cut off from its replicas: partitioned, or back from a freeze and not yet
+  demoted, still answering as a master) is a TransientError like the others,
+  but nothing in its reply tells the connection so: :func:`rediscover`, called
+  by :func:`~shared.queue._durability.check_durable`, makes the pool drop its
+  idle connections before it hands out the next one, so the retry asks the
+  Sentinels, which name the promoted replica once they have failed over.
 
 Like the other clients, redis-py's own retry loop is off: retries happen in
 our RetryPolicy. The Sentinels' own clients (one per Sentinel) are closed with
@@ -233,11 +240,23 @@ class _SyncSSLConnection(_SyncConnection, redis.connection.SSLConnection):
 
 
 class _AsyncPool(redis.asyncio.sentinel.SentinelConnectionPool):
-    """The master's pool; closing it closes the Sentinels' clients too (redis-py leaves them open)."""
+    """The master's pool; closing it closes the Sentinels' clients too (redis-py leaves them open).
+
+    With ``stale`` set (:func:`rediscover`) the next ``get_connection`` first
+    drops the idle connections, so the one it hands out asks the Sentinels.
+    """
 
     def __init__(self, service_name: str, sentinel_manager: Any, **kwargs: Any) -> None:
         kwargs["connection_class"] = _AsyncSSLConnection if kwargs.pop("ssl", False) else _AsyncConnection
         super().__init__(service_name, sentinel_manager, **kwargs)  # type: ignore[no-untyped-call]
+        self.stale = False
+
+    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        if self.stale:
+            self.stale = False
+            with contextlib.suppress(rx.RedisError, OSError):
+                await self.disconnect(inuse_connections=False)
+        return await super().get_connection(*args, **kwargs)  # type: ignore[no-untyped-call]
 
     async def aclose(self) -> None:
         try:
@@ -252,12 +271,33 @@ class _SyncPool(redis.sentinel.SentinelConnectionPool):
     def __init__(self, service_name: str, sentinel_manager: Any, **kwargs: Any) -> None:
         kwargs["connection_class"] = _SyncSSLConnection if kwargs.pop("ssl", False) else _SyncConnection
         super().__init__(service_name, sentinel_manager, **kwargs)  # type: ignore[no-untyped-call]
+        self.stale = False
+
+    def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        if self.stale:
+            self.stale = False
+            with contextlib.suppress(rx.RedisError, OSError):
+                self.disconnect(inuse_connections=False)
+        return super().get_connection(*args, **kwargs)
 
     def close(self) -> None:
         try:
             super().close()
         finally:
             self.sentinel_manager.close()
+
+
+def rediscover(client: object) -> None:
+    """Make a Sentinel client's next command ask the Sentinels where the master is (no I/O here).
+
+    For a master that answers but can no longer give what was asked of it (a
+    durability wait that fell short): the pool drops its idle connections
+    before it hands out the next one. A connection in use now is left alone
+    (its own errors drop it). Nothing for any other client.
+    """
+    pool = getattr(client, "connection_pool", None)
+    if isinstance(pool, _AsyncPool | _SyncPool):
+        pool.stale = True
 
 
 def connect_sentinel(
@@ -292,4 +332,4 @@ def connect_sentinel_sync(
     return cast(redis.Redis, client)
 
 
-__all__ = ["connect_sentinel", "connect_sentinel_sync"]
+__all__ = ["connect_sentinel", "connect_sentinel_sync", "rediscover"]

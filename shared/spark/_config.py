@@ -5,7 +5,14 @@ from __future__ import annotations
 import msgspec
 
 from .._errors import ConfigError
+from .._retry import RetryPolicy
 from ..settings import RedisSettings, Secret, Settings, StoreSettings, coerce_secret, split_redis_url
+
+PRODUCER_RETRY_INITIAL_DELAY = 0.05
+"""Seconds: the first retry's delay is drawn from [0, this]; each later cap doubles up to the maximum."""
+PRODUCER_RETRY_MAX_DELAY = 2.0
+"""Seconds: the longest delay between two of the producer's tries (full jitter: drawn from [0, this])."""
+_UNCOUNTED = 1_000_000  # attempts: the producer's retries end on their time budget
 
 
 class ProducerConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -44,6 +51,15 @@ class ProducerConfig(msgspec.Struct, frozen=True, kw_only=True):
     - ``redis_wait_replicas`` / ``redis_wait_timeout``: the replica count of
       ``"replicas"`` / ``"aof+replicas"`` (0 there: 1), and the seconds per
       ``WAIT`` / ``WAITAOF`` (per batch).
+    - ``redis_retry_budget``: seconds the producer keeps retrying a Redis call
+      that failed transiently (a publish, the driver's heartbeat-free reads of
+      the outcome and of a streaming app's run record) before the error reaches
+      the task or the driver: capped, jittered backoff (delays up to
+      :data:`PRODUCER_RETRY_MAX_DELAY` s). The default, 60 s, outlasts a
+      Sentinel failover with Sentinel's default ``down-after-milliseconds``
+      (30 s) plus its election, and a Redis Cluster failover with the default
+      ``cluster-node-timeout`` (15 s); a command that hangs adds up to
+      ``redis_socket_timeout`` to it.
     - ``preflight``: before the job starts, run one probe task on the executors
       (package, store write and delete, Redis); off only to save its ~1 s.
     """
@@ -66,6 +82,7 @@ class ProducerConfig(msgspec.Struct, frozen=True, kw_only=True):
     redis_wait_replicas: int = 0
     redis_wait_timeout: float = 1.0
     redis_durability: str = ""
+    redis_retry_budget: float = 60.0
 
     def __post_init__(self) -> None:
         msgspec.structs.force_setattr(self, "hmac_secret", coerce_secret(self.hmac_secret))
@@ -93,6 +110,8 @@ class ProducerConfig(msgspec.Struct, frozen=True, kw_only=True):
             raise ConfigError(f"wait_timeout must be > 0, got {self.wait_timeout}")
         if self.upload_concurrency < 1:
             raise ConfigError(f"upload_concurrency must be >= 1, got {self.upload_concurrency}")
+        if not self.redis_retry_budget > 0:
+            raise ConfigError(f"redis_retry_budget must be > 0 seconds, got {self.redis_retry_budget}")
 
     @classmethod
     def from_settings(
@@ -134,9 +153,20 @@ class ProducerConfig(msgspec.Struct, frozen=True, kw_only=True):
             durability=self.redis_durability,
         )
 
+    @property
+    def retry_policy(self) -> RetryPolicy:
+        """The retry policy of the producer's Redis calls: ``redis_retry_budget`` seconds, capped jittered
+        backoff (the budget, not a count of attempts, ends it)."""
+        return RetryPolicy(
+            attempts=_UNCOUNTED,
+            initial=PRODUCER_RETRY_INITIAL_DELAY,
+            maximum=PRODUCER_RETRY_MAX_DELAY,
+            budget=self.redis_retry_budget,
+        )
+
     def with_shards(self, shards: int) -> ProducerConfig:
         """Return a copy whose shard count is fixed to ``shards``."""
         return msgspec.structs.replace(self, shards=shards)
 
 
-__all__ = ["ProducerConfig"]
+__all__ = ["PRODUCER_RETRY_INITIAL_DELAY", "PRODUCER_RETRY_MAX_DELAY", "ProducerConfig"]

@@ -58,6 +58,7 @@ def publisher_for(config: ProducerConfig) -> SyncPublisher:
         password=config.redis_password,
         socket_timeout=config.redis_socket_timeout,
         sign_version=config.sign_version,
+        policy=config.retry_policy,
         # Validated when the config was built; resolved here without re-building its RedisSettings.
         durability=resolve_durability(
             config.redis_durability, config.redis_wait_replicas, config.redis_wait_timeout
@@ -88,7 +89,7 @@ def publish(config: ProducerConfig, ev: QueueEvent) -> None:
 
     Raises:
         InvalidMessage: the fleet would reject the event.
-        TransientError: Redis stayed unreachable for the publisher's retry policy.
+        TransientError: Redis stayed unreachable for ``config.redis_retry_budget`` seconds.
         ConfigError: unresolved or wrong shard count, bad credentials.
     """
     publisher_for(config).publish(check_event(ev))

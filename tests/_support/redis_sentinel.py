@@ -19,8 +19,13 @@ and that master has a synced replica; ``wait_demoted(old)`` once the old
 master serves as a replica of the new one. ``stop()`` stops every process.
 
 Options: ``password`` (the data nodes' ``requirepass``, given to the Sentinels
-with ``sentinel auth-pass``) and ``sentinel_password`` (the Sentinels' own
-``requirepass``).
+with ``sentinel auth-pass``), ``sentinel_password`` (the Sentinels' own
+``requirepass``), ``binary`` (another ``redis-server`` for every process of the
+group, data nodes and Sentinels: :func:`~tests._support.redis_server.modern_redis_server`'s
+Redis 8.2 for ``WAITAOF``; the machine's 7.0 by default) and ``appendonly``
+(every data node with ``appendonly yes``, ``appendfsync everysec``: what the
+``aof`` levels need, with Redis's default fsync policy) and ``down_after_ms``
+(the Sentinels' ``down-after-milliseconds``, :data:`DOWN_AFTER_MS` by default).
 
 Fixtures (registered by tests/conftest.py): ``redis_sentinel`` (a fresh group
 per test: a failover changes it for good) and ``redis_sentinel_url``.
@@ -68,13 +73,14 @@ class SentinelServer(RedisServer):
     """A ``redis-server <conf> --sentinel`` process (the config file is its own: Sentinel rewrites it)."""
 
     monitor_port: int = 0
+    down_after_ms: int = DOWN_AFTER_MS
     auth_pass: str = ""
     requirepass: str = ""
     conf: Sequence[str] = ()
     """More sentinel.conf lines (``user ...`` ACL lines, say)."""
 
     def argv(self) -> list[str]:
-        binary = shutil.which("redis-server")
+        binary = self.binary or shutil.which("redis-server")
         if binary is None:
             pytest.fail("redis-server is not installed (apt-get install redis-server)", pytrace=False)
         conf = self.workdir / "sentinel.conf"
@@ -86,7 +92,7 @@ class SentinelServer(RedisServer):
                 f"dir {self.workdir}",
                 f"logfile {self.logfile}",
                 f"sentinel monitor {SERVICE} 127.0.0.1 {self.monitor_port} 2",
-                f"sentinel down-after-milliseconds {SERVICE} {DOWN_AFTER_MS}",
+                f"sentinel down-after-milliseconds {SERVICE} {self.down_after_ms}",
                 f"sentinel failover-timeout {SERVICE} {FAILOVER_TIMEOUT_MS}",
                 f"sentinel parallel-syncs {SERVICE} 2",
             ]
@@ -106,6 +112,9 @@ class LocalSentinelGroup:
     workdir: Path
     password: str = ""
     sentinel_password: str = ""
+    binary: str | None = None
+    appendonly: bool = False
+    down_after_ms: int = DOWN_AFTER_MS
     nodes: list[RedisServer] = field(default_factory=list)
     sentinels: list[SentinelServer] = field(default_factory=list)
 
@@ -120,13 +129,16 @@ class LocalSentinelGroup:
         auth = ["--requirepass", self.password, "--masterauth", self.password] if self.password else []
         # Replicas sync at once (no 5 s diskless-sync delay): WAIT works soon after start and a failover.
         sync = ["--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0"]
-        master = RedisServer(self.workdir / "node0", extra_args=[*auth, *sync])
+        # After RedisServer's own "--appendonly no": the later option wins.
+        aof = ["--appendonly", "yes", "--appendfsync", "everysec"] if self.appendonly else []
+        master = RedisServer(self.workdir / "node0", extra_args=[*auth, *sync, *aof], binary=self.binary)
         self.nodes.append(master)
         master.start()
         for i in (1, 2):
             replica = RedisServer(
                 self.workdir / f"node{i}",
-                extra_args=[*auth, *sync, "--replicaof", "127.0.0.1", str(master.port)],
+                extra_args=[*auth, *sync, *aof, "--replicaof", "127.0.0.1", str(master.port)],
+                binary=self.binary,
             )
             self.nodes.append(replica)
             replica.start()
@@ -134,8 +146,10 @@ class LocalSentinelGroup:
             sentinel = SentinelServer(
                 self.workdir / f"sentinel{i}",
                 monitor_port=master.port,
+                down_after_ms=self.down_after_ms,
                 auth_pass=self.password,
                 requirepass=self.sentinel_password,
+                binary=self.binary,
             )
             self.sentinels.append(sentinel)
             sentinel.start()

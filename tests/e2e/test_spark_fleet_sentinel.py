@@ -3,7 +3,7 @@
 tests/e2e/test_spark_fleet.py's module fleet (a coordinator and two worker
 processes) on a master + 2 replicas + 3 Sentinels, every client (the fleet,
 the Spark driver and its heartbeat, the executors' sync publisher) through
-the ``redis+sentinel://`` URL, ``redis.wait_replicas = 1``. The job writes one
+the ``redis+sentinel://`` URL, ``redis.durability = "replicas"`` (``WAIT 1``). The job writes one
 dataset, then the master is SIGKILLed and a second dataset is written while
 the Sentinels promote a replica (its tasks publish during the failover);
 ``commit_job`` publishes ``JobFinished`` and waits for the outcome, and must
@@ -62,11 +62,12 @@ def e2e(group: LocalSentinelGroup, tmp_path_factory: pytest.TempPathFactory) -> 
         tmp_path_factory.mktemp("e2e-fleet-sentinel"),
         group.url,
         app="e2e-sentinel",
-        redis={"wait_replicas": 1, "wait_timeout": 2.0, "socket_timeout": SOCKET_TIMEOUT},
+        redis={"durability": "replicas", "wait_timeout": 2.0, "socket_timeout": SOCKET_TIMEOUT},
         commit={"retry": retry},
     ) as fleet:
         assert fleet.producer.redis_url.startswith("redis+sentinel://")
-        assert fleet.producer.redis_wait_replicas == 1
+        assert fleet.producer.redis_durability == "replicas"
+        assert fleet.producer.redis_settings.durable.replicas == 1
         yield fleet
 
 

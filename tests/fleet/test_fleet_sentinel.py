@@ -21,16 +21,20 @@ and the master fails after the sixth job:
   loses anything even without WAIT: this is the case that shows what "memory"
   risks.
 
-With ``redis.wait_replicas = 1`` ("replicas": every publish, state save and
-admin outcome waits for one replica) every dataset is committed exactly once,
-every outcome event is on the admin stream exactly once, the audit is clean
-and every process is still alive: no acknowledged event was lost. With
-``wait_replicas = 0`` ("memory") the same run is made and what was lost is
-reported (``[figure]`` lines): a write acknowledged by the master and not yet
-copied when it died is gone. What must hold even then is asserted: nothing
-committed or announced twice, the audit clean, every job published after the
-failover committed and announced once (unless the Sentinels failed over twice),
-every process alive.
+With ``redis.durability = "replicas"`` (every publish, state save and admin
+outcome waits for one replica: ``WAIT 1``) every dataset is committed exactly
+once, every outcome event is on the admin stream exactly once, the audit is
+clean and every process is still alive: no acknowledged event was lost. The
+same holds, and is asserted, with ``"aof+replicas"`` (``WAITAOF 1 1``: the
+master and one replica fsynced it to their append-only files), run on Redis
+8.2 (:func:`~tests._support.redis_server.modern_redis_server`: the machine's
+7.0 has no ``WAITAOF``) with ``appendonly yes`` on every data node, data nodes
+and Sentinels alike from that binary. With ``"memory"`` the same run is made
+(on 7.0) and what was lost is reported (``[figure]`` lines): a write
+acknowledged by the master and not yet copied when it died is gone. What must
+hold even then is asserted: nothing committed or announced twice, the audit
+clean, every job published after the failover committed and announced once
+(unless the Sentinels failed over twice), every process alive.
 
 Reported: the Sentinels' promotion time, the time from the fault to the first
 commit of a job published after it, and for the frozen master how long it took
@@ -42,7 +46,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -58,6 +63,7 @@ from tests._support.fleet_checks import admin_events, committed, no_staging_left
 from tests._support.fleet_jobs import failed_job, good_job
 from tests._support.process_fleet import Fleet, assert_exactly_once, report
 from tests._support.redis_sentinel import DOWN_AFTER_MS, FAILOVER_TIMEOUT_MS, LocalSentinelGroup
+from tests._support.redis_server import modern_redis_server
 from tests._support.wait import wait_for
 
 pytestmark = pytest.mark.ha
@@ -72,10 +78,29 @@ FREEZE_S = (DOWN_AFTER_MS + FAILOVER_TIMEOUT_MS) / 1000 + 1.0
 LAG_S = 0.8  # the replicas' hiccup before the master dies, at most (shorter than DOWN_AFTER_MS)
 
 
+LEVELS = ["replicas", "aof+replicas", "memory"]
+# WAITAOF's replica part waits for the replica's once-a-second acknowledgement (docs/queue.md, "Durability").
+WAIT_TIMEOUT = {"replicas": 2.0, "aof+replicas": 3.0, "memory": 2.0}
+
+
 @pytest.fixture
-def replicas(request: pytest.FixtureRequest) -> int:
-    """``redis.wait_replicas``: 1 ("replicas") or 0 ("memory"); parametrized indirectly."""
-    return int(request.param)
+def level(request: pytest.FixtureRequest) -> str:
+    """``redis.durability``: "replicas", "aof+replicas" or "memory"; parametrized indirectly."""
+    return str(request.param)
+
+
+@pytest.fixture
+def redis_sentinel(tmp_path: Path, level: str) -> Iterator[LocalSentinelGroup]:
+    """A fresh group per test; for the ``aof`` level on Redis 8.2 with ``appendonly yes`` everywhere."""
+    aof = level.startswith("aof")
+    group = LocalSentinelGroup(
+        tmp_path / "sentinel-group", binary=modern_redis_server() if aof else None, appendonly=aof
+    )
+    try:
+        group.start()
+        yield group
+    finally:
+        group.stop()
 
 
 @pytest.fixture
@@ -95,11 +120,12 @@ async def redis_client(redis_sentinel_url: str) -> AsyncIterator[redis.asyncio.R
 
 
 @pytest.fixture
-def fleet_overrides(replicas: int) -> dict[str, Any]:
-    """WAIT as asked; retries that outlast a failover (a few seconds here); a short job timeout."""
+def fleet_overrides(level: str) -> dict[str, Any]:
+    """The durability level as asked; retries that outlast a failover (a few seconds here); a short job
+    timeout."""
     retry = {"attempts": 30, "initial": 0.05, "maximum": 0.5, "budget": 30.0}
     return {
-        "redis": {"wait_replicas": replicas, "wait_timeout": 2.0, "socket_timeout": SOCKET_TIMEOUT},
+        "redis": {"durability": level, "wait_timeout": WAIT_TIMEOUT[level], "socket_timeout": SOCKET_TIMEOUT},
         "commit": {"retry": retry},
         "worker": {"job_timeout": JOB_TIMEOUT},
     }
@@ -127,7 +153,7 @@ class Run:
         return {(ds, job) for job, names in self.jobs.items() for ds in names}
 
 
-async def produce(fleet: Fleet, run: Run, replicas: int, fault: str) -> None:
+async def produce(fleet: Fleet, run: Run, fault: str) -> None:
     """Publish the jobs one by one (the failed one in the middle); after FAULT_AFTER jobs and j00's commit,
     set ``run.faulted`` (and, for "lagging", publish the next job inside the replicas' window)."""
 
@@ -138,8 +164,7 @@ async def produce(fleet: Fleet, run: Run, replicas: int, fault: str) -> None:
         fleet.redis,
         fleet.settings.fleet.name,
         fleet.settings.fleet.shards,
-        wait_replicas=replicas,
-        wait_timeout=2.0,
+        durability=fleet.settings.redis.durable,
         policy=RetryPolicy(attempts=200, initial=0.05, maximum=0.5, budget=60.0),
         on_retry=counted,
     )
@@ -227,7 +252,7 @@ async def watch_thawed(group: LocalSentinelGroup, port: int, until: float) -> tu
     return time.monotonic() - start, seen
 
 
-async def through_a_failover(fleet: Fleet, group: LocalSentinelGroup, fault: str, replicas: int) -> Run:
+async def through_a_failover(fleet: Fleet, group: LocalSentinelGroup, fault: str, level: str) -> Run:
     """Run the fleet and the producer, fail the master after FAULT_AFTER jobs; return the run."""
     fleet.start("coordinator", "c1")
     for i in (1, 2, 3):
@@ -236,10 +261,9 @@ async def through_a_failover(fleet: Fleet, group: LocalSentinelGroup, fault: str
         lambda: fleet.owners_settled({"w1", "w2", "w3"}), timeout=60, what="3 workers own all shards"
     )
     run = Run()
-    level = "replicas" if replicas else "memory"
     began = time.monotonic()
     async with asyncio.TaskGroup() as tg:
-        producing = tg.create_task(produce(fleet, run, replicas, fault))
+        producing = tg.create_task(produce(fleet, run, fault))
         await run.faulted.wait()
         if fault == "lagging":
             lagging = group.replicas()
@@ -307,7 +331,7 @@ async def all_resolved(fleet: Fleet, run: Run) -> tuple[set[str], Counter[tuple[
 
 
 async def check_replicas(fleet: Fleet, run: Run) -> None:
-    """wait_replicas = 1: everything committed once, every outcome announced once, nothing lost."""
+    """With "replicas" or "aof+replicas": everything committed once, every outcome announced once."""
     for job, names in run.jobs.items():
         await wait_for(
             lambda j=job, n=names: committed(fleet.store, n, j), timeout=180, interval=0.5, what=job
@@ -331,7 +355,7 @@ async def check_replicas(fleet: Fleet, run: Run) -> None:
 
 
 async def check_memory(fleet: Fleet, group: LocalSentinelGroup, run: Run, fault: str) -> None:
-    """wait_replicas = 0: report what was lost and how the fleet came back; assert what holds anyway.
+    """With "memory": report what was lost and how the fleet came back; assert what holds anyway.
 
     A write the master acknowledged and died with is gone: a job whose every event was lost is
     unknown to the fleet (only its producer, waiting for the outcome, can notice); one that lost
@@ -392,18 +416,24 @@ async def check_memory(fleet: Fleet, group: LocalSentinelGroup, run: Run, fault:
         assert p.proc.poll() is None, f"{p.name} exited after the failover"
 
 
-@pytest.mark.parametrize("replicas", [1, 0], ids=["replicas", "memory"], indirect=True)
+@pytest.mark.parametrize("level", LEVELS, indirect=True)
 @pytest.mark.parametrize("fault", ["killed", "lagging"])
 async def test_master_killed(
-    fleet: Fleet, redis_sentinel: LocalSentinelGroup, replicas: int, fault: str
+    fleet: Fleet, redis_sentinel: LocalSentinelGroup, level: str, fault: str
 ) -> None:
-    run = await through_a_failover(fleet, redis_sentinel, fault, replicas)
-    await (check_replicas(fleet, run) if replicas else check_memory(fleet, redis_sentinel, run, fault))
+    run = await through_a_failover(fleet, redis_sentinel, fault, level)
+    if level == "memory":
+        await check_memory(fleet, redis_sentinel, run, fault)
+    else:
+        await check_replicas(fleet, run)
 
 
-@pytest.mark.parametrize("replicas", [1, 0], ids=["replicas", "memory"], indirect=True)
+@pytest.mark.parametrize("level", LEVELS, indirect=True)
 async def test_master_frozen_past_the_failover_then_thawed(
-    fleet: Fleet, redis_sentinel: LocalSentinelGroup, replicas: int
+    fleet: Fleet, redis_sentinel: LocalSentinelGroup, level: str
 ) -> None:
-    run = await through_a_failover(fleet, redis_sentinel, "frozen", replicas)
-    await (check_replicas(fleet, run) if replicas else check_memory(fleet, redis_sentinel, run, "frozen"))
+    run = await through_a_failover(fleet, redis_sentinel, "frozen", level)
+    if level == "memory":
+        await check_memory(fleet, redis_sentinel, run, "frozen")
+    else:
+        await check_replicas(fleet, run)

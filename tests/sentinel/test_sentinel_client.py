@@ -8,6 +8,10 @@ that was demoted while the client held connections to it, or a Sentinel that
 has not heard of the failover yet), then A. A real Sentinel closes the
 clients of a master it demotes (``CLIENT KILL TYPE normal``), so the fleet
 tests of ``make redis-ha`` rarely meet READONLY: this is where it is met.
+
+The same stub shows a durability shortfall (``WAIT 1`` answering 0 on a master
+whose replica is frozen, while the Sentinels name another master) making the
+publishers' retry ask the Sentinels again, async and sync.
 """
 
 from __future__ import annotations
@@ -16,15 +20,17 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 import pytest
 import redis
 import redis.asyncio
 
-from shared import TransientError
-from shared.queue import connect, connect_sync, redis_errors
-from shared.settings import RedisSettings
+from shared import RetryPolicy, TransientError
+from shared.events import JobStarted
+from shared.queue import AsyncPublisher, Keys, SyncPublisher, connect, connect_sync, redis_errors, shard_of
+from shared.settings import Durability, RedisSettings
 from tests._support.ports import free_port
-from tests._support.redis_server import RedisServer
+from tests._support.redis_server import RedisServer, wait_replica_synced
 from tests._support.wait import wait_for, wait_for_sync
 
 
@@ -237,4 +243,84 @@ def test_the_sync_client_drops_its_idle_connections_too(redis_factory: Callable[
         with redis_errors("SET"):
             assert client.set("k", b"1")
     finally:
+        client.close()
+
+
+def _two_masters(redis_factory: Callable[..., RedisServer]) -> tuple[RedisServer, RedisServer, RedisServer]:
+    """Return (A, A's replica, B): B a master with its own replica, as after a failover to it."""
+    a = redis_factory()
+    a_replica = redis_factory(replica_of=a)
+    b = redis_factory()
+    b_replica = redis_factory(replica_of=b)
+    wait_replica_synced(a, a_replica)
+    wait_replica_synced(b, b_replica)
+    return a, a_replica, b
+
+
+def _stream(port: int, key: str) -> list[str]:
+    r = redis.Redis(port=port)
+    try:
+        return [msgspec.json.decode(f[b"data"])["job"] for _id, f in r.xrange(key)]
+    finally:
+        r.close()
+
+
+SHORT = RetryPolicy(attempts=4, initial=0.01, maximum=0.05, budget=20.0)
+REPLICAS = Durability("replicas", 1, 0.3)
+
+
+def _started(job: str) -> JobStarted:
+    return JobStarted(job=job, datasets=["orders"], timeout_s=60, started_at=1.0)
+
+
+async def test_a_durability_shortfall_makes_the_retry_ask_the_sentinels(
+    redis_factory: Callable[..., RedisServer], fleet_name: str
+) -> None:
+    """A master that still answers but lost its replicas (a partition; the Sentinels promoted B meanwhile):
+    ``WAIT 1`` answers 0 there, a transient error, and the retry must reach B, not the same pooled
+    connection to A (where every retry would fall short again until the budget ran out)."""
+    a, a_replica, b = _two_masters(redis_factory)
+    client = connect(_settings())
+    pool: Any = client.connection_pool
+    stub = AsyncStub(pool.sentinel_manager, ("127.0.0.1", a.port))
+    pool.sentinel_manager = stub
+    shortfalls: list[BaseException] = []
+    pub = AsyncPublisher(
+        client, fleet_name, 4, durability=REPLICAS, policy=SHORT, on_retry=lambda _n, e: shortfalls.append(e)
+    )
+    stream = Keys(fleet_name).events(shard_of("orders", 4))
+    try:
+        await pub.publish(_started("before"))  # the start-up check and a publish, on A
+        a_replica.freeze()  # A is cut off from its replica
+        stub.address = ("127.0.0.1", b.port)  # and the Sentinels name B
+        await pub.publish(_started("after"))
+        assert [str(e) for e in shortfalls] == [
+            "durability replicas (1): only 0 of 1 replicas acknowledged the writes in 0.3 s"
+        ]
+        assert _stream(b.port, stream) == ["after"]
+        live = [c for c in pool._available_connections if c.is_connected]
+        assert live and all(c.port == b.port for c in live), [(c.port, c.is_connected) for c in live]
+    finally:
+        a_replica.thaw()
+        await client.aclose()
+
+
+def test_the_sync_publisher_too(redis_factory: Callable[..., RedisServer], fleet_name: str) -> None:
+    a, a_replica, b = _two_masters(redis_factory)
+    client = connect_sync(_settings())
+    pool: Any = client.connection_pool
+    stub = SyncStub(pool.sentinel_manager, ("127.0.0.1", a.port))
+    pool.sentinel_manager = pool.proxy.sentinel_manager = stub
+    pub = SyncPublisher(client, fleet_name, 4, durability=REPLICAS, policy=SHORT)
+    stream = Keys(fleet_name).events(shard_of("orders", 4))
+    try:
+        pub.publish(_started("before"))
+        a_replica.freeze()
+        stub.address = ("127.0.0.1", b.port)
+        asked = stub.asked
+        pub.publish(_started("after"))
+        assert stub.asked > asked
+        assert _stream(b.port, stream) == ["after"]
+    finally:
+        a_replica.thaw()
         client.close()
