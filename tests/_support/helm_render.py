@@ -137,7 +137,13 @@ def write_manifests(out: Path) -> list[Path]:
 
 
 def main(argv: list[str]) -> int:
-    """Write the manifests (``make k8s-manifests``) and print the folder's path."""
+    """Write the manifests (``make k8s-manifests``) and print the folder's path; 2 on a bad argument."""
+    if len(argv) > 1 or (argv and argv[0].startswith("-")):
+        print(
+            "usage: python -m tests._support.helm_render [FOLDER]  (default: a new temporary folder)",
+            file=sys.stderr,
+        )
+        return 0 if argv[0] in ("-h", "--help") else 2
     out = Path(argv[0]) if argv else Path(tempfile.mkdtemp(prefix="commitfleet-k8s-"))
     write_manifests(out)
     print(out)
