@@ -47,6 +47,7 @@ from ._delta_log import (
     AddFile,
     DeltaState,
     NewTable,
+    add_stats_from_stats,
     app_id,
     checkpoint_body,
     checkpoint_interval,
@@ -57,11 +58,13 @@ from ._delta_log import (
     file_stats,
     partition_values,
     read_listing,
+    schema_from_stats,
     schema_mismatch,
 )
 from ._errors import CommitStepFailed
 from ._model import CommitRequest
 from ._steps import CommitStep, Phase, StepContext
+from ._table_files import DescribedFile
 
 PARQUET_SUFFIX = ".parquet"
 LAST_CHECKPOINT = "_last_checkpoint"
@@ -179,6 +182,8 @@ class CommitToDelta(CommitStep, frozen=True, kw_only=True, tag="delta"):
     mode: TableMode = "append"
     files: list[str]
     stream: StreamBatch | None = None
+    # The files' verified sizes and their producers' statistics, by store key (those that sent them).
+    described: dict[str, DescribedFile] = msgspec.field(default_factory=dict)
 
     def info(self) -> dict[str, str]:
         """Return what the commit's ``commitInfo.commitfleet`` says besides the job (a streaming batch)."""
@@ -276,13 +281,84 @@ class CommitToDelta(CommitStep, frozen=True, kw_only=True, tag="delta"):
     async def _adds(
         self, store: ObjectStore, state: DeltaState | None
     ) -> tuple[list[AddFile], NewTable | None]:
-        """Return the add actions of the job's files (their footers read), and the new table if any.
+        """Return the add actions of the job's files, and the new table if any.
+
+        A file whose producer sent its statistics (:attr:`described`) is
+        described from them, without a read; a file without, or whose
+        statistics cannot tell its Delta schema exactly (an integer column
+        against a byte or short one), is read whole for its Parquet footer.
+        The first commit's schema comes from the first file's statistics when
+        they tell it exactly, else from that file's footer.
 
         Raises:
             CommitStepFailed: as :meth:`ensure` (bad input).
         """
-        pq = _pyarrow_parquet()
+        if state is None and not self.files:
+            raise CommitStepFailed(
+                f"Delta table {self.dataset}: the first commit has no Parquet file to create it from"
+            )
         root = f"{self.dataset}/"
+        rels = [key[len(root) :] for key in self.files]
+        parts = [partition_values(rel) for rel in rels]
+        columns = state.partition_columns() if state is not None else list(parts[0]) if parts else []
+        new_table = None
+        table_schema: dict[str, Any] | None = None
+        if state is not None:
+            table_schema = state.schema()
+        else:
+            known = self.described.get(self.files[0])
+            from_stats = None if known is None else schema_from_stats(known.stats, columns)
+            if from_stats is not None:
+                table_schema = from_stats[0]
+                new_table = NewTable(schema=from_stats[0], partition_columns=columns, ntz=from_stats[1])
+        found: dict[str, tuple[int, Any]] = {}
+        if table_schema is None:  # the first commit, its schema from the first file's footer
+            found = await self._footers(store, self.files[:1])
+            schema, ntz = delta_schema(found[self.files[0]][1].schema.to_arrow_schema(), columns)
+            new_table = NewTable(schema=schema, partition_columns=columns, ntz=ntz)
+            table_schema = schema
+        # Each file's Delta schema and stats from its statistics where they serve.
+        described: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
+        for key in self.files:
+            known = self.described.get(key)
+            if known is None or key in found:
+                continue
+            told = schema_from_stats(known.stats, table=table_schema)
+            if told is not None:
+                described[key] = (told[0], add_stats_from_stats(known.stats))
+        found.update(
+            await self._footers(store, [k for k in self.files if k not in described and k not in found])
+        )
+        adds = []
+        for key, rel, part in zip(self.files, rels, parts, strict=True):
+            if sorted(part) != sorted(columns):
+                raise CommitStepFailed(
+                    f"{key}: partition folders {sorted(part)} do not match the table's columns {columns}"
+                )
+            if key in described:
+                file_schema, stats = described[key]
+                size = self.described[key].size
+            else:
+                size, meta = found[key]
+                file_schema, _ = delta_schema(meta.schema.to_arrow_schema())
+                stats = file_stats(meta)
+            why = schema_mismatch(table_schema, file_schema, columns)
+            if why is not None:
+                raise CommitStepFailed(f"Delta table {self.dataset}: schema mismatch in {key}: {why}")
+            adds.append(AddFile(rel=rel, size=size, partition=part, stats=stats))
+        return adds, new_table
+
+    @staticmethod
+    async def _footers(store: ObjectStore, keys: list[str]) -> dict[str, tuple[int, Any]]:
+        """Return the size and Parquet footer of each file of ``keys``, each read whole through the port.
+
+        Raises:
+            CommitStepFailed: a file is not Parquet.
+            TransientError / OutcomeUnknown: the store failed.
+        """
+        if not keys:
+            return {}
+        pq = _pyarrow_parquet()
         found: dict[str, tuple[int, Any]] = {}
 
         async def one(key: str) -> None:
@@ -296,45 +372,33 @@ class CommitToDelta(CommitStep, frozen=True, kw_only=True, tag="delta"):
 
             found[key] = (len(data), await asyncio.to_thread(footer))
 
-        await for_each_bounded(self.files, one, _READS)
-        if state is None and not self.files:
-            raise CommitStepFailed(
-                f"Delta table {self.dataset}: the first commit has no Parquet file to create it from"
-            )
-        rels = [key[len(root) :] for key in self.files]
-        parts = [partition_values(rel) for rel in rels]
-        columns = state.partition_columns() if state is not None else list(parts[0]) if parts else []
-        new_table = None
-        if state is None:
-            schema, ntz = delta_schema(found[self.files[0]][1].schema.to_arrow_schema(), columns)
-            new_table = NewTable(schema=schema, partition_columns=columns, ntz=ntz)
-            table_schema = schema
-        else:
-            table_schema = state.schema()
-        adds = []
-        for key, rel, part in zip(self.files, rels, parts, strict=True):
-            size, meta = found[key]
-            if sorted(part) != sorted(columns):
-                raise CommitStepFailed(
-                    f"{key}: partition folders {sorted(part)} do not match the table's columns {columns}"
-                )
-            file_schema, _ = delta_schema(meta.schema.to_arrow_schema())
-            why = schema_mismatch(table_schema, file_schema, columns)
-            if why is not None:
-                raise CommitStepFailed(f"Delta table {self.dataset}: schema mismatch in {key}: {why}")
-            adds.append(AddFile(rel=rel, size=size, partition=part, stats=file_stats(meta)))
-        return adds, new_table
+        await for_each_bounded(keys, one, _READS)
+        return found
 
 
 def delta_step(req: CommitRequest, binding: TableBinding) -> CommitToDelta:
-    """Return the Delta step of ``req``: its winners' published Parquet files (named as by plan_commit)."""
-    files = [
-        published_key(req.dataset, req.job, w.task, f.path)
-        for w in sorted(req.winners, key=lambda w: w.task)
-        for f in w.files
-        if f.path.endswith(PARQUET_SUFFIX)
-    ]
-    return CommitToDelta(dataset=req.dataset, job=req.job, mode=binding.mode, files=files, stream=req.stream)
+    """Return the Delta step of ``req``: its winners' published Parquet files (named as by plan_commit).
+
+    Files whose producer sent statistics carry them (with their verified size).
+    """
+    files: list[str] = []
+    described: dict[str, DescribedFile] = {}
+    for w in sorted(req.winners, key=lambda w: w.task):
+        for f in w.files:
+            if not f.path.endswith(PARQUET_SUFFIX):
+                continue
+            key = published_key(req.dataset, req.job, w.task, f.path)
+            files.append(key)
+            if f.stats is not None:
+                described[key] = DescribedFile(size=f.size, stats=f.stats)
+    return CommitToDelta(
+        dataset=req.dataset,
+        job=req.job,
+        mode=binding.mode,
+        files=files,
+        stream=req.stream,
+        described=described,
+    )
 
 
 __all__ = ["CommitToDelta", "delta_step", "fleet_commit_at", "job_done", "log_prefix", "read_state"]

@@ -31,6 +31,7 @@ from urllib.parse import quote, unquote
 
 import msgspec
 
+from ..events import FileStats, type_params
 from ._errors import CommitStepFailed
 
 if TYPE_CHECKING:
@@ -214,6 +215,101 @@ def file_stats(meta: Any) -> dict[str, Any]:
     stats["maxValues"] = maxs
     stats["nullCount"] = nulls
     return stats
+
+
+_STATS_TYPES: Final = {
+    "boolean": "boolean",
+    "long": "long",
+    "float": "float",
+    "double": "double",
+    "date": "date",
+    "timestamp": "timestamp_ntz",
+    "timestamptz": "timestamp",
+    "string": "string",
+    "binary": "binary",
+    "fixed": "binary",
+}
+"""The Delta type of each statistics (Iceberg) type that names one exactly; ``int`` does not (an
+8-, 16- or 32-bit integer column: Delta's byte, short, integer), ``time`` has no Delta equal."""
+
+
+def stats_type(type_name: str, table_type: Any = None) -> Any:
+    """Return the Delta type of a column whose statistics say ``type_name``, or None when they cannot tell.
+
+    ``int`` is Delta's ``integer`` only against a table column of type
+    ``integer`` (``table_type``): a file written with 8- or 16-bit integers
+    holds them as Parquet INT32 too, which Delta readers read as ``integer``;
+    against ``byte`` or ``short``, and with no table yet, the footer tells.
+    """
+    params = type_params(type_name)
+    if params is None:
+        return None
+    kind, precision, scale = params
+    if kind == "decimal":
+        return f"decimal({precision},{scale})"
+    if kind == "int":
+        return "integer" if table_type == "integer" else None
+    return _STATS_TYPES.get(kind)
+
+
+def schema_from_stats(
+    stats: FileStats, partition_columns: Sequence[str] = (), table: Mapping[str, Any] | None = None
+) -> tuple[dict[str, Any], bool] | None:
+    """Return the Delta schema of a file from its statistics, and whether it needs ``timestampNtz``.
+
+    What :func:`delta_schema` gives from the file's footer, or None when the
+    statistics cannot tell it exactly (see :func:`stats_type`; ``table``: the
+    table's schema, for the integer columns).
+    """
+    types = {f["name"]: f["type"] for f in (table or {}).get("fields", [])}
+    fields: list[dict[str, Any]] = []
+    ntz = False
+    for name, col in stats.columns.items():
+        dtype = stats_type(col.type, types.get(name))
+        if dtype is None:
+            return None
+        ntz = ntz or dtype == "timestamp_ntz"
+        fields.append({"name": name, "type": dtype, "nullable": not col.required, "metadata": {}})
+    for part in partition_columns:
+        if part not in stats.columns:
+            fields.append({"name": part, "type": "string", "nullable": True, "metadata": {}})
+    return {"type": "struct", "fields": fields}, ntz
+
+
+_BOUNDED_KINDS: Final = frozenset({"int", "long", "date", "string"})
+
+
+def add_stats_from_stats(stats: FileStats) -> dict[str, Any]:
+    """Return the Delta statistics of a file from the statistics its producer sent.
+
+    The same as :func:`file_stats` gives from the file's footer: ``numRecords``;
+    ``nullCount`` where the producer had every row group's; bounds of integer,
+    date and string columns only (a cut string bound holds the value's first
+    64 characters, so the minimum's first 32 are exact; a cut maximum is longer
+    than 32 and left out, as a whole one longer than 32 is). Dates are ISO in
+    both forms. Top-level names with a dot are left out, as the footer read
+    leaves them (their Parquet path reads like a nested column).
+    """
+    nulls: dict[str, int] = {}
+    mins: dict[str, Any] = {}
+    maxs: dict[str, Any] = {}
+    for name, col in stats.columns.items():
+        if "." in name:
+            continue
+        if col.nulls is not None:
+            nulls[name] = col.nulls
+        params = type_params(col.type)
+        if params is None or params[0] not in _BOUNDED_KINDS or col.lower is None or col.upper is None:
+            continue
+        if params[0] == "string":
+            if not isinstance(col.lower, str) or not isinstance(col.upper, str):
+                continue  # checked on intake: a string column's bounds are strings
+            mins[name] = col.lower[:STRING_STATS_MAX]
+            if not col.upper_cut and len(col.upper) <= STRING_STATS_MAX:
+                maxs[name] = col.upper
+        else:
+            mins[name], maxs[name] = col.lower, col.upper
+    return {"numRecords": stats.rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}
 
 
 def partition_values(rel: str) -> dict[str, str | None]:
@@ -727,6 +823,7 @@ __all__ = [
     "DeltaState",
     "LogListing",
     "NewTable",
+    "add_stats_from_stats",
     "app_id",
     "checkpoint_body",
     "checkpoint_interval",
@@ -739,5 +836,7 @@ __all__ = [
     "file_stats",
     "partition_values",
     "read_listing",
+    "schema_from_stats",
     "schema_mismatch",
+    "stats_type",
 ]
