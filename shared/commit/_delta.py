@@ -95,10 +95,12 @@ async def read_state(store: ObjectStore, dataset: str, *, cached: bool = True) -
     """Return the Delta table's state at its newest version, or None when ``<dataset>/_delta_log/`` is empty.
 
     Replays the newest complete checkpoint and the JSON commits after it.
-    With ``cached``, the state this process replayed last time is the start
-    when the listing shows its newest commit file at the store version seen
-    then (a table deleted and made again is replayed afresh) and every commit
-    after it, and only those newer commits are read.
+    With ``cached``, the state this process replayed or landed last is the
+    answer, without a listing, when its commit file is still there at the
+    store version seen then and the next version's is not (two heads at once:
+    see :func:`_still_newest`); else it is the start when the listing shows
+    that file unchanged (a table deleted and made again is replayed afresh)
+    and every commit after it, and only those newer commits are read.
 
     Raises:
         CommitStepFailed: a commit or checkpoint is unreadable, or a version is
@@ -106,12 +108,14 @@ async def read_state(store: ObjectStore, dataset: str, *, cached: bool = True) -
         TransientError / OutcomeUnknown: the store failed.
     """
     prefix = log_prefix(dataset)
+    last = _states.get(store.url, dataset) if cached else None
+    if last is not None and last[0].version >= 0 and await _still_newest(store, prefix, *last):
+        return last[0].copy()
     tags = {info.key[len(prefix) :]: info.version async for info in store.list(prefix)}
     listing = read_listing(tags)
     if not listing.commits and listing.checkpoint is None:
         return None
     newest = max([*listing.commits, listing.checkpoint or -1])
-    last = _states.get(store.url, dataset) if cached else None
     if (
         last is not None
         and last[0].version >= 0
@@ -140,6 +144,31 @@ async def read_state(store: ObjectStore, dataset: str, *, cached: bool = True) -
     if state.version >= 0 and commit_name(state.version) in tags:
         _states.put(store.url, dataset, (state.copy(), tags[commit_name(state.version)]))
     return state
+
+
+async def _still_newest(store: ObjectStore, prefix: str, state: DeltaState, tag: str) -> bool:
+    """Return True when ``state``'s version is still the table's newest, as ``state`` knew it.
+
+    Its commit file is there at the store version ``tag`` (not a table made
+    again since) and the next version's file is not. The next is enough: a
+    Delta writer creates version v + 1 only after v exists and the log is
+    never cleaned up past its newest version, so no later version exists
+    without v + 1. One round of two heads at once, whatever the log's length
+    (a listing grows with it).
+
+    Raises:
+        TransientError / OutcomeUnknown: the store failed.
+    """
+    found: dict[int, str | None] = {}
+
+    async def head(version: int) -> None:
+        try:
+            found[version] = (await store.head(prefix + commit_name(version))).version
+        except NotFound:
+            found[version] = None
+
+    await for_each_bounded([state.version, state.version + 1], head, 2)
+    return found[state.version] == tag and found[state.version + 1] is None
 
 
 async def fleet_commit_at(
@@ -246,18 +275,19 @@ class CommitToDelta(CommitStep, frozen=True, kw_only=True, tag="delta"):
         ctx.lease.check()
         ctx.probe("table.commit")
         try:
-            await store.write_if_absent(key, body)
+            landed = await store.write_if_absent(key, body)
         except PreconditionFailed as exc:
             if await job_done(store, self.dataset, self.job, await read_state(store, self.dataset)):
                 return False  # another holder landed it between our read and our create
             raise TransientError(f"{key}: another commit took version {version}; re-checking") from exc
         ctx.probe("table.committed")
-        await self._checkpoint(store, state, version, body)
+        after = DeltaState() if state is None else state.copy()
+        after.apply(version, body, key)
+        _states.put(store.url, self.dataset, (after.copy(), landed.version))  # the next read starts here
+        await self._checkpoint(store, after, version)
         return True
 
-    async def _checkpoint(
-        self, store: ObjectStore, state: DeltaState | None, version: int, body: bytes
-    ) -> None:
+    async def _checkpoint(self, store: ObjectStore, after: DeltaState, version: int) -> None:
         """Write the checkpoint of ``version`` (just landed by this holder) when the table's interval says so.
 
         Not part of the commit: a holder that stops before it leaves no checkpoint (the next multiple
@@ -267,8 +297,6 @@ class CommitToDelta(CommitStep, frozen=True, kw_only=True, tag="delta"):
             TransientError / OutcomeUnknown: the store failed (the retry finds the version done).
         """
         prefix = log_prefix(self.dataset)
-        after = DeltaState() if state is None else state.copy()
-        after.apply(version, body, prefix + commit_name(version))
         if version == 0 or version % checkpoint_interval(after) != 0:
             return
         data, size = await asyncio.to_thread(checkpoint_body, after)
