@@ -192,3 +192,42 @@ async def test_commits_with_stats_land_the_same_log_as_commits_without(
         assert len(reads[True]) == 8
     else:  # the first file's footer for the schema only (an int column: Delta's integer or narrower)
         assert len(reads[True]) == 1
+
+
+async def test_narrower_integer_files_go_into_an_integer_column_from_stats_and_delta_rs_reads_them(
+    make_target: MakeTarget,
+) -> None:
+    """The one place the two ways differ: statistics say ``int`` for 8-, 16- and 32-bit columns alike.
+
+    Against a table column of Delta's ``integer`` such a file is taken (all of them are Parquet INT32,
+    which delta-rs reads as ``integer``, bounds included); its footer would say ``byte``/``short`` and
+    the footer's check refuses it.
+    """
+    target = make_target("local")
+    async with target.open() as store:
+        root = local_root(store)
+        assert root is not None
+        cases = [
+            (pa.int32(), True),
+            (pa.int16(), True),
+            (pa.int8(), True),
+            (pa.uint16(), True),
+            (pa.int16(), False),
+        ]
+        got = []
+        for i, (t, with_stats) in enumerate(cases):
+            staged = await stage_tables_job(
+                store, "sales", f"job-{i}", [pa.table({"n": pa.array([i, 100 + i], t)})], stats=with_stats
+            )
+            res = await commit_dataset(
+                store, staged.req, ManualLease("sales", i + 1), fast_settings(), extra_steps=[staged.step()]
+            )
+            got.append(res.status)
+        assert got == ["committed"] * 4 + ["quarantined"]
+        dt = DeltaTable(str(root / "sales"))
+        assert [(f.name, str(f.type)) for f in dt.schema().fields] == [("n", 'PrimitiveType("integer")')]
+        assert sorted(pa.table(dt.to_pyarrow_table())["n"].to_pylist()) == [0, 1, 2, 3, 100, 101, 102, 103]
+        found = pa.table(dt.get_add_actions(flatten=True))
+        assert sorted(zip(found["min.n"].to_pylist(), found["max.n"].to_pylist(), strict=True)) == [
+            (i, 100 + i) for i in range(4)
+        ]
