@@ -231,3 +231,17 @@ async def test_narrower_integer_files_go_into_an_integer_column_from_stats_and_d
         assert sorted(zip(found["min.n"].to_pylist(), found["max.n"].to_pylist(), strict=True)) == [
             (i, 100 + i) for i in range(4)
         ]
+
+
+def test_a_row_group_without_bounds_leaves_the_column_without_bounds() -> None:
+    """pyarrow writes no min/max for a value over its statistics limit: the other groups' are not bounds."""
+    table = pa.table({"s": ["a" * 5000, "b", "c", "d"], "n": pa.array([4, 3, 2, 1], pa.int64())})
+    body, stats = parquet_with_stats(table, row_group_size=2)
+    assert stats is not None
+    meta = pq.read_metadata(pa.BufferReader(body))
+    assert not meta.row_group(0).column(0).statistics.has_min_max
+    s = stats.columns["s"]
+    assert (s.lower, s.upper, s.nulls) == (None, None, 0)
+    assert (stats.columns["n"].lower, stats.columns["n"].upper) == (1, 4)
+    assert add_stats_from_stats(stats) == file_stats(meta)
+    assert file_stats(meta)["minValues"] == {"n": 1}
