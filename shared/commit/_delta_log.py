@@ -31,7 +31,7 @@ from urllib.parse import quote, unquote
 
 import msgspec
 
-from ..events import FileStats, type_params
+from ..events import MAX_BOUND_CHARS, FileStats, type_params
 from ._errors import CommitStepFailed
 
 if TYPE_CHECKING:
@@ -173,14 +173,39 @@ def _stat_value(v: Any) -> Any:
     return None
 
 
+_ASCII_TOP: Final = "\x7f"
+_UNICODE_TOP: Final = "\U0010ffff"
+
+
+def string_max(value: str, longer: bool) -> str | None:
+    """Return the Delta ``maxValues`` entry of a string column whose greatest value starts with ``value``.
+
+    ``longer``: the value goes on past ``value``. At most 32 characters: the
+    value itself. Longer: its first 32 characters and a tie-breaker greater
+    than the character cut off (DEL after an ASCII character below DEL, else
+    U+10FFFF; a cut-off U+10FFFF stays in the prefix and the next one is
+    looked at), as Delta's kernel writes it: still an upper bound. None when
+    every character of ``value`` past the 32nd is U+10FFFF and it goes on.
+    """
+    if len(value) <= STRING_STATS_MAX and not longer:
+        return value
+    for n in range(STRING_STATS_MAX, len(value)):
+        cut = value[n]
+        if cut != _UNICODE_TOP:
+            return value[:n] + (_ASCII_TOP if cut < _ASCII_TOP else _UNICODE_TOP)
+    return None if longer else value
+
+
 def file_stats(meta: Any) -> dict[str, Any]:
     """Return the Delta statistics of a Parquet file from its footer (``pyarrow.parquet.FileMetaData``).
 
     ``numRecords`` always; ``nullCount`` for top-level primitive columns whose
-    every row group carries it; ``minValues``/``maxValues`` for top-level integer,
-    date and string columns (a string minimum is cut to 32 characters, a longer
-    maximum left out). No bounds for floats (Parquet's leave NaN out), timestamps
-    (Delta keeps milliseconds), booleans, decimals, binaries.
+    every row group carries it; ``minValues``/``maxValues`` for top-level
+    integer, date and string columns (a string minimum is cut to 32 characters,
+    a longer maximum cut and given a tie-breaker: :func:`string_max`, from the
+    value's first 64 characters, as the statistics carry them). No bounds for
+    floats (Parquet's leave NaN out), timestamps (Delta keeps milliseconds),
+    booleans, decimals, binaries.
     """
     stats: dict[str, Any] = {"numRecords": meta.num_rows}
     nulls: dict[str, int] = {}
@@ -207,8 +232,9 @@ def file_stats(meta: Any) -> dict[str, Any]:
         low, high = min(lo), max(hi)
         if isinstance(low, str):
             mins[name] = low[:STRING_STATS_MAX]
-            if len(high) <= STRING_STATS_MAX:
-                maxs[name] = high
+            top = string_max(high[:MAX_BOUND_CHARS], len(high) > MAX_BOUND_CHARS)
+            if top is not None:
+                maxs[name] = top
         else:
             mins[name], maxs[name] = low, high
     stats["minValues"] = mins
@@ -285,8 +311,8 @@ def add_stats_from_stats(stats: FileStats) -> dict[str, Any]:
     The same as :func:`file_stats` gives from the file's footer: ``numRecords``;
     ``nullCount`` where the producer had every row group's; bounds of integer,
     date and string columns only (a cut string bound holds the value's first
-    64 characters, so the minimum's first 32 are exact; a cut maximum is longer
-    than 32 and left out, as a whole one longer than 32 is). Dates are ISO in
+    64 characters, so the minimum's first 32 are exact, and the maximum is made
+    from them by :func:`string_max`, as the footer read makes it). Dates are ISO in
     both forms. Top-level names with a dot are left out, as the footer read
     leaves them (their Parquet path reads like a nested column).
     """
@@ -305,8 +331,9 @@ def add_stats_from_stats(stats: FileStats) -> dict[str, Any]:
             if not isinstance(col.lower, str) or not isinstance(col.upper, str):
                 continue  # checked on intake: a string column's bounds are strings
             mins[name] = col.lower[:STRING_STATS_MAX]
-            if not col.upper_cut and len(col.upper) <= STRING_STATS_MAX:
-                maxs[name] = col.upper
+            top = string_max(col.upper, col.upper_cut)
+            if top is not None:
+                maxs[name] = top
         else:
             mins[name], maxs[name] = col.lower, col.upper
     return {"numRecords": stats.rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}
@@ -839,4 +866,5 @@ __all__ = [
     "schema_from_stats",
     "schema_mismatch",
     "stats_type",
+    "string_max",
 ]

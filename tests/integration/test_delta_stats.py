@@ -95,7 +95,11 @@ def test_a_files_stats_give_the_footers_add_stats_and_schema(narrow_ints: bool, 
     # Not a vacuous equality: bounds of ints, dates and strings, and null counts, are there.
     assert {"i32", "i64", "d", "s", "s32", "s64", "s_short", "req"} <= set(footer["minValues"])
     assert {"i32", "d", "s32", "s_short"} <= set(footer["maxValues"])
-    assert not {"s", "s33", "s64", "f64", "ts", "dec_big", "bo", "a.b"} & set(footer["maxValues"])
+    assert not {"f64", "ts", "dec_big", "bo", "a.b"} & set(footer["maxValues"])
+    # Longer maxima: their first 32 characters and a tie-breaker above the character cut off.
+    assert footer["maxValues"]["s"] == "ÿ" + "ü" * 31 + "\U0010ffff"
+    assert footer["maxValues"]["s33"] == "z" * 32 + "\x7f"
+    assert footer["maxValues"]["s64"] == "z" * 32 + "\x7f"
     assert footer["nullCount"]["s"] == 8 and footer["nullCount"]["nothing"] == 40
     schema, ntz = delta_schema(meta.schema.to_arrow_schema())
     assert ntz
@@ -245,3 +249,51 @@ def test_a_row_group_without_bounds_leaves_the_column_without_bounds() -> None:
     assert (stats.columns["n"].lower, stats.columns["n"].upper) == (1, 4)
     assert add_stats_from_stats(stats) == file_stats(meta)
     assert file_stats(meta)["minValues"] == {"n": 1}
+
+
+def test_a_string_max_is_an_upper_bound_as_delta_kernel_writes_it() -> None:
+    from shared.commit._delta_log import string_max
+
+    top = "\U0010ffff"
+    assert string_max("abc", False) == "abc"
+    assert string_max("a" * 32, False) == "a" * 32
+    assert string_max("a" * 33, False) == "a" * 32 + "\x7f"
+    assert string_max("a" * 32 + "\x7f", False) == "a" * 32 + top
+    assert string_max("a" * 32 + "é", False) == "a" * 32 + top
+    assert string_max("a" * 32 + top + "b", False) == "a" * 32 + top + "\x7f"
+    assert string_max("a" * 32 + top * 32, True) is None  # what follows is unknown
+    assert string_max("a" * 32 + top * 2, False) == "a" * 32 + top * 2  # the whole value
+    for value in ("a" * 33, "a" * 32 + "~" * 9, "a" * 32 + "é", "a" * 32 + top + "b", "é" * 70):
+        bound = string_max(value[:MAX_BOUND_CHARS], len(value) > MAX_BOUND_CHARS)
+        assert bound is not None and bound >= value and value.startswith(bound[:32])
+
+
+async def test_delta_rs_finds_a_row_by_a_long_string_with_the_statistics_in_force(
+    make_target: MakeTarget,
+) -> None:
+    """A filter on a long string keeps the file whose cut maximum it is near (not skipped), skips others."""
+    import pyarrow.dataset as pads
+
+    target = make_target("local")
+    async with target.open() as store:
+        root = local_root(store)
+        assert root is not None
+        values = ["k" * 40 + "~", "k" * 40 + "é", "m" * 70]
+        for i, v in enumerate(values):
+            staged = await stage_tables_job(
+                store, "sales", f"job-{i}", [pa.table({"s": [v, "a"]})], stats=True
+            )
+            res = await commit_dataset(
+                store, staged.req, ManualLease("sales", i + 1), fast_settings(), extra_steps=[staged.step()]
+            )
+            assert res.ok, res
+        dt = DeltaTable(str(root / "sales"))
+        assert sorted(pa.table(dt.get_add_actions(flatten=True))["max.s"].to_pylist()) == [
+            "k" * 32 + "\x7f",
+            "k" * 32 + "\x7f",
+            "m" * 32 + "\x7f",
+        ]
+        for v in values:
+            found = dt.to_pyarrow_dataset().to_table(filter=pads.field("s") == v)
+            assert found["s"].to_pylist() == [v]
+        assert dt.to_pyarrow_dataset().to_table(filter=pads.field("s") > "l").num_rows == 1
