@@ -283,7 +283,8 @@ class CommitToDelta(CommitStep, frozen=True, kw_only=True, tag="delta"):
         ctx.probe("table.committed")
         after = DeltaState() if state is None else state.copy()
         after.apply(version, body, key)
-        _states.put(store.url, self.dataset, (after.copy(), landed.version))  # the next read starts here
+        # The next read starts here (``after`` is not changed again: read_state hands out copies).
+        _states.put(store.url, self.dataset, (after, landed.version))
         await self._checkpoint(store, after, version)
         return True
 
