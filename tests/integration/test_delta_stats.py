@@ -144,9 +144,9 @@ def _add_actions(root: Path, dataset: str) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: str(r["path"]))
 
 
-@pytest.mark.parametrize("narrow_ints", [False, True])
+@pytest.mark.parametrize("ints", ["narrow", "int32", "none"])
 async def test_commits_with_stats_land_the_same_log_as_commits_without(
-    make_target: MakeTarget, narrow_ints: bool
+    make_target: MakeTarget, ints: str
 ) -> None:
     """The same staged bytes committed into two stores, with and without statistics: the same versions."""
     logs: dict[bool, list[list[dict[str, Any]]]] = {}
@@ -163,7 +163,9 @@ async def test_commits_with_stats_land_the_same_log_as_commits_without(
                 ("job-4", 1, "append"),
             ]
             for n, (job, tasks, mode) in enumerate(plan):
-                tables = [delta_table(narrow_ints=narrow_ints, seed=n * 10 + t) for t in range(tasks)]
+                tables = [delta_table(narrow_ints=ints == "narrow", seed=n * 10 + t) for t in range(tasks)]
+                if ints == "none":
+                    tables = [t.drop_columns(["i32"]) for t in tables]
                 staged = await stage_tables_job(
                     store,
                     "sales",
@@ -192,10 +194,9 @@ async def test_commits_with_stats_land_the_same_log_as_commits_without(
     assert adds[True] == adds[False]
     assert len(adds[True]) == 3 and {"min.s_short", "max.d", "null_count.s"} <= set(adds[True][0])
     assert len(reads[False]) == 8  # every file's footer
-    if narrow_ints:  # the first file's footer for the schema, then byte/short columns: every footer
-        assert len(reads[True]) == 8
-    else:  # the first file's footer for the schema only (an int column: Delta's integer or narrower)
-        assert len(reads[True]) == 1
+    # narrow: the first file's footer for the schema, then byte/short columns: every footer; int32: the first
+    # file's footer for the schema only (an int column: Delta's integer or narrower); none: no footer at all.
+    assert len(reads[True]) == {"narrow": 8, "int32": 1, "none": 0}[ints]
 
 
 async def test_narrower_integer_files_go_into_an_integer_column_from_stats_and_delta_rs_reads_them(
