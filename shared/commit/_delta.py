@@ -47,6 +47,7 @@ from ._delta_log import (
     AddFile,
     DeltaState,
     NewTable,
+    add_stats_from_stats,
     app_id,
     checkpoint_body,
     checkpoint_interval,
@@ -57,11 +58,13 @@ from ._delta_log import (
     file_stats,
     partition_values,
     read_listing,
+    schema_from_stats,
     schema_mismatch,
 )
 from ._errors import CommitStepFailed
 from ._model import CommitRequest
 from ._steps import CommitStep, Phase, StepContext
+from ._table_files import DescribedFile
 
 PARQUET_SUFFIX = ".parquet"
 LAST_CHECKPOINT = "_last_checkpoint"
@@ -92,10 +95,12 @@ async def read_state(store: ObjectStore, dataset: str, *, cached: bool = True) -
     """Return the Delta table's state at its newest version, or None when ``<dataset>/_delta_log/`` is empty.
 
     Replays the newest complete checkpoint and the JSON commits after it.
-    With ``cached``, the state this process replayed last time is the start
-    when the listing shows its newest commit file at the store version seen
-    then (a table deleted and made again is replayed afresh) and every commit
-    after it, and only those newer commits are read.
+    With ``cached``, the state this process replayed or landed last is the
+    answer, without a listing, when its commit file is still there at the
+    store version seen then and the next version's is not (two heads at once:
+    see :func:`_still_newest`); else it is the start when the listing shows
+    that file unchanged (a table deleted and made again is replayed afresh)
+    and every commit after it, and only those newer commits are read.
 
     Raises:
         CommitStepFailed: a commit or checkpoint is unreadable, or a version is
@@ -103,12 +108,14 @@ async def read_state(store: ObjectStore, dataset: str, *, cached: bool = True) -
         TransientError / OutcomeUnknown: the store failed.
     """
     prefix = log_prefix(dataset)
+    last = _states.get(store.url, dataset) if cached else None
+    if last is not None and last[0].version >= 0 and await _still_newest(store, prefix, *last):
+        return last[0].copy()
     tags = {info.key[len(prefix) :]: info.version async for info in store.list(prefix)}
     listing = read_listing(tags)
     if not listing.commits and listing.checkpoint is None:
         return None
     newest = max([*listing.commits, listing.checkpoint or -1])
-    last = _states.get(store.url, dataset) if cached else None
     if (
         last is not None
         and last[0].version >= 0
@@ -137,6 +144,31 @@ async def read_state(store: ObjectStore, dataset: str, *, cached: bool = True) -
     if state.version >= 0 and commit_name(state.version) in tags:
         _states.put(store.url, dataset, (state.copy(), tags[commit_name(state.version)]))
     return state
+
+
+async def _still_newest(store: ObjectStore, prefix: str, state: DeltaState, tag: str) -> bool:
+    """Return True when ``state``'s version is still the table's newest, as ``state`` knew it.
+
+    Its commit file is there at the store version ``tag`` (not a table made
+    again since) and the next version's file is not. The next is enough: a
+    Delta writer creates version v + 1 only after v exists and the log is
+    never cleaned up past its newest version, so no later version exists
+    without v + 1. One round of two heads at once, whatever the log's length
+    (a listing grows with it).
+
+    Raises:
+        TransientError / OutcomeUnknown: the store failed.
+    """
+    found: dict[int, str | None] = {}
+
+    async def head(version: int) -> None:
+        try:
+            found[version] = (await store.head(prefix + commit_name(version))).version
+        except NotFound:
+            found[version] = None
+
+    await for_each_bounded([state.version, state.version + 1], head, 2)
+    return found[state.version] == tag and found[state.version + 1] is None
 
 
 async def fleet_commit_at(
@@ -179,6 +211,8 @@ class CommitToDelta(CommitStep, frozen=True, kw_only=True, tag="delta"):
     mode: TableMode = "append"
     files: list[str]
     stream: StreamBatch | None = None
+    # The files' verified sizes and their producers' statistics, by store key (those that sent them).
+    described: dict[str, DescribedFile] = msgspec.field(default_factory=dict)
 
     def info(self) -> dict[str, str]:
         """Return what the commit's ``commitInfo.commitfleet`` says besides the job (a streaming batch)."""
@@ -241,18 +275,20 @@ class CommitToDelta(CommitStep, frozen=True, kw_only=True, tag="delta"):
         ctx.lease.check()
         ctx.probe("table.commit")
         try:
-            await store.write_if_absent(key, body)
+            landed = await store.write_if_absent(key, body)
         except PreconditionFailed as exc:
             if await job_done(store, self.dataset, self.job, await read_state(store, self.dataset)):
                 return False  # another holder landed it between our read and our create
             raise TransientError(f"{key}: another commit took version {version}; re-checking") from exc
         ctx.probe("table.committed")
-        await self._checkpoint(store, state, version, body)
+        after = DeltaState() if state is None else state.copy()
+        after.apply(version, body, key)
+        # The next read starts here (``after`` is not changed again: read_state hands out copies).
+        _states.put(store.url, self.dataset, (after, landed.version))
+        await self._checkpoint(store, after, version)
         return True
 
-    async def _checkpoint(
-        self, store: ObjectStore, state: DeltaState | None, version: int, body: bytes
-    ) -> None:
+    async def _checkpoint(self, store: ObjectStore, after: DeltaState, version: int) -> None:
         """Write the checkpoint of ``version`` (just landed by this holder) when the table's interval says so.
 
         Not part of the commit: a holder that stops before it leaves no checkpoint (the next multiple
@@ -262,8 +298,6 @@ class CommitToDelta(CommitStep, frozen=True, kw_only=True, tag="delta"):
             TransientError / OutcomeUnknown: the store failed (the retry finds the version done).
         """
         prefix = log_prefix(self.dataset)
-        after = DeltaState() if state is None else state.copy()
-        after.apply(version, body, prefix + commit_name(version))
         if version == 0 or version % checkpoint_interval(after) != 0:
             return
         data, size = await asyncio.to_thread(checkpoint_body, after)
@@ -276,13 +310,84 @@ class CommitToDelta(CommitStep, frozen=True, kw_only=True, tag="delta"):
     async def _adds(
         self, store: ObjectStore, state: DeltaState | None
     ) -> tuple[list[AddFile], NewTable | None]:
-        """Return the add actions of the job's files (their footers read), and the new table if any.
+        """Return the add actions of the job's files, and the new table if any.
+
+        A file whose producer sent its statistics (:attr:`described`) is
+        described from them, without a read; a file without, or whose
+        statistics cannot tell its Delta schema exactly (an integer column
+        against a byte or short one), is read whole for its Parquet footer.
+        The first commit's schema comes from the first file's statistics when
+        they tell it exactly, else from that file's footer.
 
         Raises:
             CommitStepFailed: as :meth:`ensure` (bad input).
         """
-        pq = _pyarrow_parquet()
+        if state is None and not self.files:
+            raise CommitStepFailed(
+                f"Delta table {self.dataset}: the first commit has no Parquet file to create it from"
+            )
         root = f"{self.dataset}/"
+        rels = [key[len(root) :] for key in self.files]
+        parts = [partition_values(rel) for rel in rels]
+        columns = state.partition_columns() if state is not None else list(parts[0]) if parts else []
+        new_table = None
+        table_schema: dict[str, Any] | None = None
+        if state is not None:
+            table_schema = state.schema()
+        else:
+            known = self.described.get(self.files[0])
+            from_stats = None if known is None else schema_from_stats(known.stats, columns)
+            if from_stats is not None:
+                table_schema = from_stats[0]
+                new_table = NewTable(schema=from_stats[0], partition_columns=columns, ntz=from_stats[1])
+        found: dict[str, tuple[int, Any]] = {}
+        if table_schema is None:  # the first commit, its schema from the first file's footer
+            found = await self._footers(store, self.files[:1])
+            schema, ntz = delta_schema(found[self.files[0]][1].schema.to_arrow_schema(), columns)
+            new_table = NewTable(schema=schema, partition_columns=columns, ntz=ntz)
+            table_schema = schema
+        # Each file's Delta schema and stats from its statistics where they serve.
+        described: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
+        for key in self.files:
+            known = self.described.get(key)
+            if known is None or key in found:
+                continue
+            told = schema_from_stats(known.stats, table=table_schema)
+            if told is not None:
+                described[key] = (told[0], add_stats_from_stats(known.stats))
+        found.update(
+            await self._footers(store, [k for k in self.files if k not in described and k not in found])
+        )
+        adds = []
+        for key, rel, part in zip(self.files, rels, parts, strict=True):
+            if sorted(part) != sorted(columns):
+                raise CommitStepFailed(
+                    f"{key}: partition folders {sorted(part)} do not match the table's columns {columns}"
+                )
+            if key in described:
+                file_schema, stats = described[key]
+                size = self.described[key].size
+            else:
+                size, meta = found[key]
+                file_schema, _ = delta_schema(meta.schema.to_arrow_schema())
+                stats = file_stats(meta)
+            why = schema_mismatch(table_schema, file_schema, columns)
+            if why is not None:
+                raise CommitStepFailed(f"Delta table {self.dataset}: schema mismatch in {key}: {why}")
+            adds.append(AddFile(rel=rel, size=size, partition=part, stats=stats))
+        return adds, new_table
+
+    @staticmethod
+    async def _footers(store: ObjectStore, keys: list[str]) -> dict[str, tuple[int, Any]]:
+        """Return the size and Parquet footer of each file of ``keys``, each read whole through the port.
+
+        Raises:
+            CommitStepFailed: a file is not Parquet.
+            TransientError / OutcomeUnknown: the store failed.
+        """
+        if not keys:
+            return {}
+        pq = _pyarrow_parquet()
         found: dict[str, tuple[int, Any]] = {}
 
         async def one(key: str) -> None:
@@ -296,45 +401,33 @@ class CommitToDelta(CommitStep, frozen=True, kw_only=True, tag="delta"):
 
             found[key] = (len(data), await asyncio.to_thread(footer))
 
-        await for_each_bounded(self.files, one, _READS)
-        if state is None and not self.files:
-            raise CommitStepFailed(
-                f"Delta table {self.dataset}: the first commit has no Parquet file to create it from"
-            )
-        rels = [key[len(root) :] for key in self.files]
-        parts = [partition_values(rel) for rel in rels]
-        columns = state.partition_columns() if state is not None else list(parts[0]) if parts else []
-        new_table = None
-        if state is None:
-            schema, ntz = delta_schema(found[self.files[0]][1].schema.to_arrow_schema(), columns)
-            new_table = NewTable(schema=schema, partition_columns=columns, ntz=ntz)
-            table_schema = schema
-        else:
-            table_schema = state.schema()
-        adds = []
-        for key, rel, part in zip(self.files, rels, parts, strict=True):
-            size, meta = found[key]
-            if sorted(part) != sorted(columns):
-                raise CommitStepFailed(
-                    f"{key}: partition folders {sorted(part)} do not match the table's columns {columns}"
-                )
-            file_schema, _ = delta_schema(meta.schema.to_arrow_schema())
-            why = schema_mismatch(table_schema, file_schema, columns)
-            if why is not None:
-                raise CommitStepFailed(f"Delta table {self.dataset}: schema mismatch in {key}: {why}")
-            adds.append(AddFile(rel=rel, size=size, partition=part, stats=file_stats(meta)))
-        return adds, new_table
+        await for_each_bounded(keys, one, _READS)
+        return found
 
 
 def delta_step(req: CommitRequest, binding: TableBinding) -> CommitToDelta:
-    """Return the Delta step of ``req``: its winners' published Parquet files (named as by plan_commit)."""
-    files = [
-        published_key(req.dataset, req.job, w.task, f.path)
-        for w in sorted(req.winners, key=lambda w: w.task)
-        for f in w.files
-        if f.path.endswith(PARQUET_SUFFIX)
-    ]
-    return CommitToDelta(dataset=req.dataset, job=req.job, mode=binding.mode, files=files, stream=req.stream)
+    """Return the Delta step of ``req``: its winners' published Parquet files (named as by plan_commit).
+
+    Files whose producer sent statistics carry them (with their verified size).
+    """
+    files: list[str] = []
+    described: dict[str, DescribedFile] = {}
+    for w in sorted(req.winners, key=lambda w: w.task):
+        for f in w.files:
+            if not f.path.endswith(PARQUET_SUFFIX):
+                continue
+            key = published_key(req.dataset, req.job, w.task, f.path)
+            files.append(key)
+            if f.stats is not None:
+                described[key] = DescribedFile(size=f.size, stats=f.stats)
+    return CommitToDelta(
+        dataset=req.dataset,
+        job=req.job,
+        mode=binding.mode,
+        files=files,
+        stream=req.stream,
+        described=described,
+    )
 
 
 __all__ = ["CommitToDelta", "delta_step", "fleet_commit_at", "job_done", "log_prefix", "read_state"]

@@ -31,6 +31,7 @@ from urllib.parse import quote, unquote
 
 import msgspec
 
+from ..events import MAX_BOUND_CHARS, FileStats, type_params
 from ._errors import CommitStepFailed
 
 if TYPE_CHECKING:
@@ -172,14 +173,39 @@ def _stat_value(v: Any) -> Any:
     return None
 
 
+_ASCII_TOP: Final = "\x7f"
+_UNICODE_TOP: Final = "\U0010ffff"
+
+
+def string_max(value: str, longer: bool) -> str | None:
+    """Return the Delta ``maxValues`` entry of a string column whose greatest value starts with ``value``.
+
+    ``longer``: the value goes on past ``value``. At most 32 characters: the
+    value itself. Longer: its first 32 characters and a tie-breaker greater
+    than the character cut off (DEL after an ASCII character below DEL, else
+    U+10FFFF; a cut-off U+10FFFF stays in the prefix and the next one is
+    looked at), as Delta's kernel writes it: still an upper bound. None when
+    every character of ``value`` past the 32nd is U+10FFFF and it goes on.
+    """
+    if len(value) <= STRING_STATS_MAX and not longer:
+        return value
+    for n in range(STRING_STATS_MAX, len(value)):
+        cut = value[n]
+        if cut != _UNICODE_TOP:
+            return value[:n] + (_ASCII_TOP if cut < _ASCII_TOP else _UNICODE_TOP)
+    return None if longer else value
+
+
 def file_stats(meta: Any) -> dict[str, Any]:
     """Return the Delta statistics of a Parquet file from its footer (``pyarrow.parquet.FileMetaData``).
 
     ``numRecords`` always; ``nullCount`` for top-level primitive columns whose
-    every row group carries it; ``minValues``/``maxValues`` for top-level integer,
-    date and string columns (a string minimum is cut to 32 characters, a longer
-    maximum left out). No bounds for floats (Parquet's leave NaN out), timestamps
-    (Delta keeps milliseconds), booleans, decimals, binaries.
+    every row group carries it; ``minValues``/``maxValues`` for top-level
+    integer, date and string columns (a string minimum is cut to 32 characters,
+    a longer maximum cut and given a tie-breaker: :func:`string_max`, from the
+    value's first 64 characters, as the statistics carry them). No bounds for
+    floats (Parquet's leave NaN out), timestamps (Delta keeps milliseconds),
+    booleans, decimals, binaries.
     """
     stats: dict[str, Any] = {"numRecords": meta.num_rows}
     nulls: dict[str, int] = {}
@@ -206,14 +232,111 @@ def file_stats(meta: Any) -> dict[str, Any]:
         low, high = min(lo), max(hi)
         if isinstance(low, str):
             mins[name] = low[:STRING_STATS_MAX]
-            if len(high) <= STRING_STATS_MAX:
-                maxs[name] = high
+            top = string_max(high[:MAX_BOUND_CHARS], len(high) > MAX_BOUND_CHARS)
+            if top is not None:
+                maxs[name] = top
         else:
             mins[name], maxs[name] = low, high
     stats["minValues"] = mins
     stats["maxValues"] = maxs
     stats["nullCount"] = nulls
     return stats
+
+
+_STATS_TYPES: Final = {
+    "boolean": "boolean",
+    "long": "long",
+    "float": "float",
+    "double": "double",
+    "date": "date",
+    "timestamp": "timestamp_ntz",
+    "timestamptz": "timestamp",
+    "string": "string",
+    "binary": "binary",
+    "fixed": "binary",
+}
+"""The Delta type of each statistics (Iceberg) type that names one exactly; ``int`` does not (an
+8-, 16- or 32-bit integer column: Delta's byte, short, integer), ``time`` has no Delta equal."""
+
+
+def stats_type(type_name: str, table_type: Any = None) -> Any:
+    """Return the Delta type of a column whose statistics say ``type_name``, or None when they cannot tell.
+
+    ``int`` is Delta's ``integer`` only against a table column of type
+    ``integer`` (``table_type``): a file written with 8- or 16-bit integers
+    holds them as Parquet INT32 too, which Delta readers read as ``integer``;
+    against ``byte`` or ``short``, and with no table yet, the footer tells.
+    """
+    params = type_params(type_name)
+    if params is None:
+        return None
+    kind, precision, scale = params
+    if kind == "decimal":
+        return f"decimal({precision},{scale})"
+    if kind == "int":
+        return "integer" if table_type == "integer" else None
+    return _STATS_TYPES.get(kind)
+
+
+def schema_from_stats(
+    stats: FileStats, partition_columns: Sequence[str] = (), table: Mapping[str, Any] | None = None
+) -> tuple[dict[str, Any], bool] | None:
+    """Return the Delta schema of a file from its statistics, and whether it needs ``timestampNtz``.
+
+    What :func:`delta_schema` gives from the file's footer, or None when the
+    statistics cannot tell it exactly (see :func:`stats_type`; ``table``: the
+    table's schema, for the integer columns).
+    """
+    types = {f["name"]: f["type"] for f in (table or {}).get("fields", [])}
+    fields: list[dict[str, Any]] = []
+    ntz = False
+    for name, col in stats.columns.items():
+        dtype = stats_type(col.type, types.get(name))
+        if dtype is None:
+            return None
+        ntz = ntz or dtype == "timestamp_ntz"
+        fields.append({"name": name, "type": dtype, "nullable": not col.required, "metadata": {}})
+    for part in partition_columns:
+        if part not in stats.columns:
+            fields.append({"name": part, "type": "string", "nullable": True, "metadata": {}})
+    return {"type": "struct", "fields": fields}, ntz
+
+
+_BOUNDED_KINDS: Final = frozenset({"int", "long", "date", "string"})
+
+
+def add_stats_from_stats(stats: FileStats) -> dict[str, Any]:
+    """Return the Delta statistics of a file from the statistics its producer sent.
+
+    The same as :func:`file_stats` gives from the file's footer: ``numRecords``;
+    ``nullCount`` where the producer had every row group's; bounds of integer,
+    date and string columns only (a cut string bound holds the value's first
+    64 characters, so the minimum's first 32 are exact, and the maximum is made
+    from them by :func:`string_max`, as the footer read makes it). Dates are ISO in
+    both forms. Top-level names with a dot are left out, as the footer read
+    leaves them (their Parquet path reads like a nested column).
+    """
+    nulls: dict[str, int] = {}
+    mins: dict[str, Any] = {}
+    maxs: dict[str, Any] = {}
+    for name, col in stats.columns.items():
+        if "." in name:
+            continue
+        if col.nulls is not None:
+            nulls[name] = col.nulls
+        params = type_params(col.type)
+        if params is None or params[0] not in _BOUNDED_KINDS or col.lower is None or col.upper is None:
+            continue
+        if params[0] == "string":
+            if not isinstance(col.lower, str) or not isinstance(col.upper, str):
+                continue  # checked on intake: a string column's bounds are strings
+            mins[name] = col.lower[:STRING_STATS_MAX]
+            top = string_max(col.upper, col.upper_cut)
+            if top is not None:
+                maxs[name] = top
+        else:
+            mins[name], maxs[name] = col.lower, col.upper
+    return {"numRecords": stats.rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}
 
 
 def partition_values(rel: str) -> dict[str, str | None]:
@@ -727,6 +850,7 @@ __all__ = [
     "DeltaState",
     "LogListing",
     "NewTable",
+    "add_stats_from_stats",
     "app_id",
     "checkpoint_body",
     "checkpoint_interval",
@@ -739,5 +863,8 @@ __all__ = [
     "file_stats",
     "partition_values",
     "read_listing",
+    "schema_from_stats",
     "schema_mismatch",
+    "stats_type",
+    "string_max",
 ]

@@ -8,6 +8,11 @@ exact, the file gets no statistics and the fleet reads its footer as
 before: a nested column, a type outside the contract's (unsigned 32/64-bit
 integers, nanosecond timestamps, a time zone other than UTC, ...), Parquet
 field ids in the schema, too many columns or row groups.
+
+One deliberate difference: a column with values in a row group that has no
+bounds (pyarrow leaves them out for a value longer than its statistics limit)
+gets no bounds at all, where pyiceberg keeps the other row groups' (then
+not the file's: a reader would skip the file for a value it holds).
 """
 
 from __future__ import annotations
@@ -100,7 +105,7 @@ class _Column:
     def __init__(self, name: str, kind: str, required: bool) -> None:
         self.name, self.kind, self.required = name, kind, required
         self.values = self.size = self.nulls = 0
-        self.has_nulls = self.invalid = False
+        self.has_nulls = self.invalid = self.unbounded = False
         self.low: Any = None
         self.high: Any = None
 
@@ -121,6 +126,10 @@ class _Column:
         except pa.ArrowNotImplementedError:
             self.invalid = True
             return
+        if not st.has_min_max and st.num_values > 0:
+            # Values without bounds (a value longer than the writer's statistics limit, 4 KiB in
+            # pyarrow): the other row groups' bounds are not the file's.
+            self.unbounded = True
         if low is not None:
             self.low = low if self.low is None else min(low, self.low)
         if high is not None:
@@ -129,8 +138,8 @@ class _Column:
     def stats(self) -> ColumnStats:
         if self.invalid:
             return ColumnStats(type=self.kind, required=self.required, values=self.values, size=self.size)
-        low, low_cut = _cut(self.low)
-        high, high_cut = _cut(self.high)
+        low, low_cut = _cut(None if self.unbounded else self.low)
+        high, high_cut = _cut(None if self.unbounded else self.high)
         return ColumnStats(
             type=self.kind,
             required=self.required,

@@ -24,7 +24,7 @@ from shared.events import TableBinding, staged_key
 from shared.storage import ObjectStore
 from tests._support.commit import StagedJob
 from tests._support.emulators import DUMMY_AWS_ENV, StoreTarget
-from tests._support.tables import rows
+from tests._support.tables import parquet_with_stats, rows
 
 
 @dataclass
@@ -72,6 +72,28 @@ async def stage_delta_job(
     losers[key] = body
     req = CommitRequest(dataset=dataset, job=job, winners=attempts, expected_tasks=tasks)
     return DeltaJob(StagedJob(req=req, winners=winners, losers=losers), pa.concat_tables(parts))
+
+
+async def stage_tables_job(
+    store: ObjectStore, dataset: str, job: str, tables: list[pa.Table], *, stats: bool, **write: Any
+) -> DeltaJob:
+    """Stage one winning Parquet file per table of ``tables`` (task i holds ``tables[i]``).
+
+    With ``stats``, each StagedFile carries the statistics a producer sends (taken from the footer
+    written, as the Spark writer takes them); ``write``: pyarrow's ``write_table`` options.
+    """
+    winners: dict[str, bytes] = {}
+    attempts = []
+    for task, t in enumerate(tables):
+        body, found = parquet_with_stats(t, **write)
+        assert found is not None or not stats, t.schema
+        key = staged_key(job, dataset, task, 0, "part-0.parquet")
+        await store.write(key, body)
+        winners[key] = body
+        staged = StagedFile(path="part-0.parquet", size=len(body), stats=found if stats else None)
+        attempts.append(WinningAttempt(task=task, attempt=0, files=[staged]))
+    req = CommitRequest(dataset=dataset, job=job, winners=attempts, expected_tasks=len(tables))
+    return DeltaJob(StagedJob(req=req, winners=winners, losers={}), pa.concat_tables(tables))
 
 
 def _parquet(t: pa.Table) -> bytes:

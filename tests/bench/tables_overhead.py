@@ -4,11 +4,13 @@ Commits the same kind of dataset (``--tasks`` Parquet files) again and again,
 in one run and in turned order:
 
 - ``unbound``: files and a manifest;
-- ``footer``: the same, bound to an Iceberg table in ``append`` mode, the
-  files sent without statistics, so the table step reads each file's footer
-  (pyiceberg ``add_files``: what every bound commit did before issue 31);
-- ``stats``: the same, the files sent with their statistics, from which the
-  table step builds the data files without a read.
+- ``iceberg-footer``: the same, bound to an Iceberg table in ``append`` mode,
+  the files sent without statistics, so the table step reads each file's
+  footer (pyiceberg ``add_files``: what every bound commit did before issue 31);
+- ``iceberg-stats``: the same, the files sent with their statistics, from
+  which the table step builds the data files without a read;
+- ``delta-footer`` and ``delta-stats``: the same two for a Delta table in the
+  dataset's own folder (footer: each file read whole through the store port).
 
 pyiceberg's SQL catalog on SQLite. Stores (``--stores``): ``local`` (local
 files), ``latency`` (local files under /dev/shm when there is one, every
@@ -21,9 +23,9 @@ kind and the ratios to ``unbound``::
 
     .venv/bin/python -m tests.bench.tables_overhead --commits 20 --tasks 4
 
-A table format besides Iceberg (Delta) plugs in through :data:`FORMATS`: a
-name and a function that returns the step of a staged job (its bound kinds
-are then ``<format>-footer`` and ``<format>-stats``).
+A table format plugs in through :data:`FORMATS`: a name and a function that
+returns the step of a staged job (its bound kinds are then ``<format>-footer``
+and ``<format>-stats``); ``--formats`` picks some.
 """
 
 from __future__ import annotations
@@ -59,11 +61,17 @@ def iceberg_step(job: ParquetJob, first: bool) -> CommitStep:
     return step
 
 
+def delta_step(job: ParquetJob, first: bool) -> CommitStep:
+    """The Delta step of the job (``<dataset>/_delta_log/``; the first commit creates the table)."""
+    step: CommitStep = job.step(TableBinding(delta=True, mode="append"))
+    return step
+
+
 HOW = ("footer", "stats")
 """How the bound kinds describe their files (``--footer-only``: the code before statistics travelled)."""
 
-FORMATS: dict[str, StepOf] = {"iceberg": iceberg_step}
-"""Table formats measured, by name (the delta branch adds ``"delta"``)."""
+FORMATS: dict[str, StepOf] = {"iceberg": iceberg_step, "delta": delta_step}
+"""Table formats measured, by name (``--formats`` picks some)."""
 
 
 def bench_settings(target: StoreTarget, tmp: Path, latency_ms: float, p99_ms: float) -> Settings:
@@ -87,11 +95,14 @@ async def bench(target: StoreTarget, settings: Settings, commits: int, tasks: in
     times: dict[str, list[float]] = {k: [] for k in kinds}
     async with open_store(target.url, settings.store) as store:
         for name, step_of in FORMATS.items():
-            # The table exists before timing (create once), as it does for every commit but the first.
-            first = await stage_parquet_job(store, f"{name}-init", "job-init", tasks=tasks)
-            lease = ManualLease(f"{name}-init", 1)
-            res = await commit_dataset(store, first.req, lease, settings, extra_steps=[step_of(first, True)])
-            assert res.ok, res
+            # The table exists before timing, as it does for every commit but the first (an Iceberg
+            # table is shared by the kinds' datasets; a Delta table is the dataset's own folder).
+            for n, how in enumerate(HOW):
+                first = await stage_parquet_job(store, f"{name}-{how}", "job-init", tasks=tasks)
+                lease = ManualLease(f"{name}-{how}", 1)
+                step = step_of(first, n == 0)
+                res = await commit_dataset(store, first.req, lease, settings, extra_steps=[step])
+                assert res.ok, res
         for i in range(commits):
             order = kinds[i % len(kinds) :] + kinds[: i % len(kinds)]
             for kind in order if i % 2 else reversed(order):
@@ -99,7 +110,7 @@ async def bench(target: StoreTarget, settings: Settings, commits: int, tasks: in
                 job = await stage_parquet_job(store, kind, f"job-{i}", tasks=tasks, stats=how == "stats")
                 extra = [FORMATS[name](job, False)] if how else []
                 start = time.perf_counter()
-                res = await commit_dataset(store, job.req, ManualLease(kind, 1), settings, extra_steps=extra)
+                res = await commit_dataset(store, job.req, ManualLease(kind, 2), settings, extra_steps=extra)
                 times[kind].append(time.perf_counter() - start)
                 assert res.ok, res
     return {k: statistics.median(v) for k, v in times.items()}
@@ -113,7 +124,10 @@ def main() -> None:
     ap.add_argument("--latency-ms", type=float, default=20.0)
     ap.add_argument("--latency-p99-ms", type=float, default=100.0)
     ap.add_argument("--footer-only", action="store_true", help="no stats kind (to run on an older checkout)")
+    ap.add_argument("--formats", default=",".join(FORMATS), help="comma-separated: iceberg, delta")
     args = ap.parse_args()
+    for name in set(FORMATS) - set(args.formats.split(",")):
+        del FORMATS[name]
     if args.footer_only:
         global HOW
         HOW = ("footer",)

@@ -607,3 +607,68 @@ async def test_a_remembered_state_behind_cleaned_up_commits_gives_way_to_the_che
             await store.delete(f"sales/_delta_log/{v:020d}.json")
         state = await read_state(store, "sales")
         assert state is not None and state.version == 5 and len(state.files) == 2 * 3 + 3
+
+
+class _CountingStore:
+    """A store that counts its listings and reads under a prefix (every call passed on)."""
+
+    def __init__(self, inner: ObjectStore, prefix: str) -> None:
+        self.inner = inner
+        self.prefix = prefix
+        self.lists = 0
+        self.reads: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def list(self, prefix: str = "", *, page_size: int = 1000) -> Any:
+        if prefix.startswith(self.prefix):
+            self.lists += 1
+        return self.inner.list(prefix, page_size=page_size)
+
+    async def read(self, key: str) -> Any:
+        if key.startswith(self.prefix):
+            self.reads.append(key)
+        return await self.inner.read(key)
+
+
+async def test_a_holder_starts_from_the_version_it_landed_and_sees_another_writers_next(
+    target: StoreTarget, tmp_path: Path
+) -> None:
+    """The next commit checks the landed state with two heads (no listing); a newer version makes it list."""
+    settings = fast_settings()
+    async with target.open() as store:
+        jobs = [await stage_delta_job(store, "sales", f"job-{i}") for i in range(4)]
+        for i, job in enumerate(jobs[:2]):
+            res = await commit_dataset(
+                store, job.req, ManualLease("sales", i + 1), settings, extra_steps=[job.step()]
+            )
+            assert res.ok, res
+        counting = _CountingStore(store, "sales/_delta_log/")
+        res = await commit_dataset(
+            counting,  # type: ignore[arg-type]
+            jobs[2].req,
+            ManualLease("sales", 3),
+            settings,
+            extra_steps=[jobs[2].step()],
+        )
+        assert res.ok, res
+        assert (counting.lists, counting.reads) == (0, []), "the landed state, checked without a listing"
+        # Another writer lands version 3 (a commit with only commitInfo, as a Delta writer may write).
+        await store.write_if_absent(
+            "sales/_delta_log/" + _commits(4)[3], b'{"commitInfo":{"operation":"X"}}\n'
+        )
+        counting = _CountingStore(store, "sales/_delta_log/")
+        res = await commit_dataset(
+            counting,  # type: ignore[arg-type]
+            jobs[3].req,
+            ManualLease("sales", 4),
+            settings,
+            extra_steps=[jobs[3].step()],
+        )
+        assert res.ok, res
+        assert counting.lists >= 1 and counting.reads == ["sales/_delta_log/" + _commits(4)[3]]
+        assert [n for n in await log_names(store, "sales") if n.endswith(".json")] == _commits(5)
+        dt = await open_delta(store, target, "sales", tmp_path)
+        assert delta_jobs(dt) == [(0, "job-0"), (1, "job-1"), (2, "job-2"), (4, "job-3")]
+        assert delta_rows(dt) == sorted_rows(*(j.rows for j in jobs))

@@ -102,7 +102,8 @@ def test_file_stats_from_the_footer_span_every_row_group() -> None:
     assert stats["numRecords"] == 4
     assert stats["minValues"]["n"] == -3 and stats["maxValues"]["n"] == 9
     assert stats["minValues"]["s"] == "a"
-    assert "s" not in stats["maxValues"]  # the maximum is over 32 characters: not cut, left out
+    # The maximum is over 32 characters: its first 32 and a tie-breaker above the 33rd, an upper bound.
+    assert stats["maxValues"]["s"] == "x" * 32 + "\x7f"
     assert stats["minValues"]["d"] == "2023-05-01" and stats["maxValues"]["d"] == "2024-01-02"
     assert stats["nullCount"]["n"] == 1 and stats["nullCount"]["d"] == 2
     for col in ("f", "ts", "flag", "dec", "st", "st.a"):
