@@ -33,7 +33,7 @@ from typing import ClassVar, TypeVar
 import msgspec
 
 from .._errors import CommitfleetError
-from ..events import StreamBatch, TableBinding, published_key
+from ..events import StreamBatch, TableBinding
 from ..settings import Settings, TableMode
 from ._catalog_ops import (
     STREAM_APP_PROPERTY,
@@ -48,11 +48,9 @@ from ._catalog_ops import (
 from ._delta import CommitToDelta, delta_step
 from ._model import CommitRequest
 from ._steps import CommitStep, Phase, StepContext
-from ._table_files import DescribedFile
+from ._table_files import DescribedFile, winner_parquet_files
 
 T = TypeVar("T")
-
-PARQUET_SUFFIX = ".parquet"
 
 
 def _guarded(fn: Callable[[], T], what: str) -> Callable[[], T]:
@@ -198,16 +196,7 @@ def table_step(req: CommitRequest, binding: TableBinding) -> CommitToTable | Com
     """
     if binding.delta or binding.table is None:
         return delta_step(req, binding)
-    files: list[str] = []
-    described: dict[str, DescribedFile] = {}
-    for w in sorted(req.winners, key=lambda w: w.task):
-        for f in w.files:
-            if not f.path.endswith(PARQUET_SUFFIX):
-                continue
-            key = published_key(req.dataset, req.job, w.task, f.path)
-            files.append(key)
-            if f.stats is not None:
-                described[key] = DescribedFile(size=f.size, stats=f.stats)
+    files, described = winner_parquet_files(req)
     return CommitToTable(
         dataset=req.dataset,
         job=req.job,

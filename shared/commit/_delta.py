@@ -39,7 +39,7 @@ import msgspec
 
 from .._errors import NotFound, PreconditionFailed, TransientError
 from .._recent import Recent
-from ..events import StreamBatch, TableBinding, TableMode, check_dataset_segment, published_key
+from ..events import StreamBatch, TableBinding, TableMode, check_dataset_segment
 from ..storage import ObjectStore
 from ._bounded import for_each_bounded
 from ._delta_log import (
@@ -64,9 +64,8 @@ from ._delta_log import (
 from ._errors import CommitStepFailed
 from ._model import CommitRequest
 from ._steps import CommitStep, Phase, StepContext
-from ._table_files import DescribedFile
+from ._table_files import DescribedFile, winner_parquet_files
 
-PARQUET_SUFFIX = ".parquet"
 LAST_CHECKPOINT = "_last_checkpoint"
 _READS = 8
 
@@ -410,16 +409,7 @@ def delta_step(req: CommitRequest, binding: TableBinding) -> CommitToDelta:
 
     Files whose producer sent statistics carry them (with their verified size).
     """
-    files: list[str] = []
-    described: dict[str, DescribedFile] = {}
-    for w in sorted(req.winners, key=lambda w: w.task):
-        for f in w.files:
-            if not f.path.endswith(PARQUET_SUFFIX):
-                continue
-            key = published_key(req.dataset, req.job, w.task, f.path)
-            files.append(key)
-            if f.stats is not None:
-                described[key] = DescribedFile(size=f.size, stats=f.stats)
+    files, described = winner_parquet_files(req)
     return CommitToDelta(
         dataset=req.dataset,
         job=req.job,

@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from ..events import MAX_BOUND_CHARS, FileStats, decode_bound, type_params
+from ..events import MAX_BOUND_CHARS, FileStats, decode_bound, published_key, type_params
+from ._model import CommitRequest
 
 if TYPE_CHECKING:
     from pyiceberg.io import FileIO
@@ -42,6 +43,28 @@ class DescribedFile(msgspec.Struct, frozen=True, kw_only=True):
 
     size: int
     stats: FileStats
+
+
+PARQUET_SUFFIX = ".parquet"
+
+
+def winner_parquet_files(req: CommitRequest) -> tuple[list[str], dict[str, DescribedFile]]:
+    """Return a commit's published Parquet files for a table step, and those described by their producers.
+
+    The files are store keys, by task, named as by plan_commit; the described ones (those whose producer sent
+    statistics) map to their verified size and statistics.
+    """
+    files: list[str] = []
+    described: dict[str, DescribedFile] = {}
+    for w in sorted(req.winners, key=lambda w: w.task):
+        for f in w.files:
+            if not f.path.endswith(PARQUET_SUFFIX):
+                continue
+            key = published_key(req.dataset, req.job, w.task, f.path)
+            files.append(key)
+            if f.stats is not None:
+                described[key] = DescribedFile(size=f.size, stats=f.stats)
+    return files, described
 
 
 def data_files(
