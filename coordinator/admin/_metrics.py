@@ -118,7 +118,11 @@ class _FleetCollector(Collector):
         rows = status["shard_table"]
         gauges = {
             "commitfleet_workers": ("Live workers.", len(status["workers"])),
-            "commitfleet_open_jobs": ("Jobs open in the shards' state.", len(status["open_jobs"])),
+            # open_jobs has a row per (job, shard): a job counts once however many shards it spans.
+            "commitfleet_open_jobs": (
+                "Jobs open in the shards' state.",
+                len({j["job"] for j in status["open_jobs"]}),
+            ),
             "commitfleet_pending_datasets": ("Datasets waiting or being committed.", len(status["pending"])),
             "commitfleet_quarantined_datasets": ("Quarantined commit sequences.", len(status["quarantined"])),
             "commitfleet_lag_entries": ("Entries not yet read, all shards.", sum(r["lag"] for r in rows)),

@@ -44,7 +44,7 @@ def print_status(out: Console, doc: dict[str, Any], *, top: int | None) -> None:
     queued = sum(r.get("queued", 0) for r in rows)
     running = sum(r.get("running", 0) for r in rows)
     out.print(
-        f"open jobs {len(doc['open_jobs'])}  datasets waiting for tasks "
+        f"open jobs {len({j['job'] for j in doc['open_jobs']})}  datasets waiting for tasks "
         f"{sum(p['state'] == 'waiting' for p in pending)}  queued {queued}  running {running}  "
         f"quarantined {len(doc['quarantined'])}  lag {sum(r['lag'] for r in rows)}  "
         f"dead letters {sum(r['dead_letters'] for r in rows)}  "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import subprocess
 import sys
 import time
@@ -11,6 +12,7 @@ from typing import Any
 
 from rich.console import Console
 
+from coordinator.admin._metrics import FleetMetrics
 from coordinator.cli._status_text import print_status
 
 
@@ -109,6 +111,19 @@ def test_status_is_under_60_lines_at_any_size() -> None:
     # The busiest shard (oldest pending entry) is shown first.
     shard_rows = [ln.split() for ln in text.splitlines() if ln.split()[:1] == ["63"]]
     assert shard_rows and shard_rows[0][1] == "w3"
+
+
+def test_open_jobs_counts_jobs_not_job_shard_pairs() -> None:
+    doc = big_doc(8, 0, 2)
+    # One job open on three shards, another on one: the state lists a row per (job, shard).
+    doc["open_jobs"] = [{**doc["open_jobs"][0], "job": "spread", "shard": s} for s in range(3)] + [
+        {**doc["open_jobs"][0], "job": "single", "shard": 5}
+    ]
+    text = "\n".join(render(doc, top=5))
+    assert "open jobs 2 " in text, text
+    exposition = FleetMetrics().render(doc).decode()
+    assert "commitfleet_open_jobs{" in exposition
+    assert re.search(r"^commitfleet_open_jobs\{[^}]*\} 2\.0$", exposition, re.M), exposition
 
 
 def test_status_all_prints_every_row() -> None:
