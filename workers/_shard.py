@@ -63,6 +63,7 @@ from shared.events import (
 )
 from shared.fleet import ReportingTaskGroup
 from shared.queue import Entry, ShardConsumer, redis_errors, shard_of
+from shared.tracing import TraceCarrier
 
 from ._actions import Actions
 from ._aside import load_or_set_aside
@@ -255,6 +256,10 @@ class ShardRunner:
         if state is None:
             return
         self.ledger.load(state)
+        if ctx.tracer.enabled:  # spans of work resumed here hang under the jobs' producer contexts
+            for meta in state.jobs.values():
+                if meta.trace is not None:
+                    ctx.traces.note(meta.job, TraceCarrier(meta.trace.traceparent, meta.trace.tracestate))
         await self.board.keep_only({work_label(k) for k in self.scheduler.running})
         await self._consumer.ensure_group()
         await self._claim_others(forget_idle=True)

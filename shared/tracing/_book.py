@@ -13,9 +13,8 @@ BOOK_SIZE: Final = 65_536
 class TraceBook:
     """Job id -> the producer's trace context, from the job's events (a bounded memory, not a record).
 
-    Kept in memory only: after a restart or a shard's takeover a job's commit
-    span has no producer parent until one of its events carrying ``trace`` is
-    read again (docs/tracing.md). Not thread safe (one event loop).
+    A cache of what the jobs' state records also hold (``JobMeta.trace``): a new
+    owner fills it from the state it loads (docs/tracing.md). Not thread safe (one event loop).
     """
 
     __slots__ = ("_jobs", "_size")

@@ -14,7 +14,15 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from shared.events import JobFailed, JobFinished, JobStarted, QueueEvent, TraceContext, encode_event
+from shared.events import (
+    JobFailed,
+    JobFinished,
+    JobStarted,
+    QueueEvent,
+    TaskFinished,
+    TraceContext,
+    encode_event,
+)
 from shared.queue import DeadLetter
 from shared.tracing import TraceCarrier, otel_tracer
 from tests._support.fleet import fleet_settings, inprocess_fleet
@@ -130,6 +138,47 @@ async def test_a_jobs_worker_spans_join_its_producer_trace(
     # Phase spans hang under a span of the fleet, never loose.
     for s in _named(spans, "commitfleet.publish"):
         assert s.parent is not None and by_id[s.parent.span_id].name == "commitfleet.commit"
+
+
+async def test_a_commit_after_a_worker_restart_still_joins_its_producer_trace(
+    redis_url: str,
+    redis_client: redis.asyncio.Redis,
+    fleet_name: str,
+    tmp_path: Path,
+    exporter: InMemorySpanExporter,
+) -> None:
+    """The job's context is saved with its state: a new worker, whose memory never saw the job's
+    events (they were acknowledged), still hangs the commit under the producer's span."""
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = otel_tracer(provider)
+    settings = fleet_settings(redis_url, tmp_path / "store", fleet_name, shards=SHARDS)
+    ds = dataset_on(0, SHARDS)
+    with tracer.span("driver.job-late") as driver:
+        carrier = driver.carrier()
+    assert carrier is not None
+    async with inprocess_fleet(redis_client, settings, tracer=tracer) as fleet:
+        evs = _traced(await good_job(fleet.store, "late", [ds], tasks=2, duplicate_attempt=False), carrier)
+        last = next(e for e in evs if isinstance(e, TaskFinished) and e.task == 1)
+        await fleet.publisher.publish_many([e for e in evs if e is not last])
+
+        async def waiting() -> bool:  # the job finished and waits for its last task
+            return len(_named(exporter.get_finished_spans(), "commitfleet.intake", "late")) == 2
+
+        await wait_for(waiting, timeout=60, what="the job's events taken in")
+    async with inprocess_fleet(redis_client, settings, tracer=tracer, workers=("w2",)) as fleet:
+        await fleet.publisher.publish_many([last])
+        await wait_for(
+            lambda: committed(fleet.store, [ds], "late"), timeout=60, what="committed after restart"
+        )
+
+        async def commit_span() -> bool:
+            return len(_named(exporter.get_finished_spans(), "commitfleet.commit", "late")) == 1
+
+        await wait_for(commit_span, timeout=30, what="the commit span ended")
+    (commit,) = _named(exporter.get_finished_spans(), "commitfleet.commit", "late")
+    assert commit.context.trace_id == int(carrier.trace_id, 16)
+    assert commit.parent is not None and _hex(commit.parent.span_id, 16) == carrier.traceparent.split("-")[2]
 
 
 async def test_a_malformed_trace_context_is_dead_lettered_and_the_shard_goes_on(

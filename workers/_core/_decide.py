@@ -20,6 +20,7 @@ from shared.events import (
     JobStarted,
     QueueEvent,
     TaskFinished,
+    TraceContext,
 )
 
 from ._jobstate import (
@@ -64,6 +65,17 @@ def decide(state: ShardJobs, ev: QueueEvent, *, now: float, default_timeout: flo
     if ended is not None:
         return Decision(note=f"job {ev.job} already ended ({ended.status})", replayed=True)
     meta = state.jobs.get(ev.job)
+    return _traced(_job_level(state, ev, meta, now=now, default_timeout=default_timeout), meta, ev)
+
+
+def _job_level(
+    state: ShardJobs,
+    ev: JobStarted | JobFinished | JobFailed | JobCancelled,
+    meta: JobMeta | None,
+    *,
+    now: float,
+    default_timeout: float,
+) -> Decision:
     if isinstance(ev, JobStarted):
         if meta is None:
             opened = _open_job(ev.job, now, ev.timeout_s, ev.app)
@@ -85,6 +97,24 @@ def decide(state: ShardJobs, ev: QueueEvent, *, now: float, default_timeout: flo
         return _job_finished(state, ev, meta, now=now, default_timeout=default_timeout)
     assert isinstance(ev, JobFailed | JobCancelled)
     return _job_aborted(state, ev, meta, now=now, default_timeout=default_timeout)
+
+
+def _traced(
+    d: Decision, meta: JobMeta | None, ev: JobStarted | JobFinished | JobFailed | JobCancelled
+) -> Decision:
+    """Return ``d`` with the job's record carrying ``ev``'s trace context when it brings a new one.
+
+    Saved with the job so that spans recorded after a restart or a takeover still have
+    the producer's context (the in-memory book is filled from it on load). A rejected
+    event, or one that changes nothing else (a publisher's retry), leaves it as it was.
+    """
+    trace = ev.trace
+    if not isinstance(trace, TraceContext) or d.reject is not None or d.duplicate or d.replayed:
+        return d
+    base = d.job if d.job is not None else meta
+    if base is None or base.trace == trace:
+        return d
+    return msgspec.structs.replace(d, job=msgspec.structs.replace(base, trace=trace), job_id=ev.job)
 
 
 def _task_finished(

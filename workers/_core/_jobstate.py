@@ -30,6 +30,7 @@ from shared.events import (
     StagedFile,
     StreamBatch,
     TableBinding,
+    TraceContext,
 )
 
 from ._tally import TaskTally
@@ -113,6 +114,9 @@ class JobMeta(msgspec.Struct, frozen=True, kw_only=True):
     tables: dict[str, TableBinding] = msgspec.field(default_factory=dict)
     # The micro-batch a streaming job commits (job_started); see docs/streaming.md.
     stream: StreamBatch | None = None
+    # The producer's trace context of the job's latest job-level event that carried one
+    # (docs/tracing.md): kept so that a new owner's commit and abort spans still hang under it.
+    trace: TraceContext | None = None
 
     @property
     def timeout_s(self) -> float:
