@@ -37,6 +37,7 @@ from .._errors import ConfigError, NotFound, Throttled, TransientError
 from .._redis_py import is_redis_failure
 from ..settings import RedisSettings, is_cluster_url, is_sentinel_url
 from ._cluster import connect_cluster, connect_cluster_sync
+from ._plain import AsyncPool, SyncPool
 from ._sentinel import connect_sentinel, connect_sentinel_sync
 from ._stream_replies import keep_repeated_fields
 
@@ -63,7 +64,8 @@ def connect(settings: RedisSettings, *, client_name: str | None = None) -> redis
             connect_sentinel(settings, client_name=client_name, health_check_interval=HEALTH_CHECK_INTERVAL)
         )
     try:
-        client = redis.asyncio.Redis.from_url(
+        # A pool whose connections let go of a demoted master (a managed service's DNS failover: ._plain).
+        pool = AsyncPool.from_url(
             settings.url,
             password=settings.password.reveal() or None,
             retry=redis.asyncio.retry.Retry(redis.backoff.NoBackoff(), 0),
@@ -76,6 +78,8 @@ def connect(settings: RedisSettings, *, client_name: str | None = None) -> redis
         )
     except ValueError as exc:
         raise ConfigError(f"bad redis.url: {exc}") from None
+    client = redis.asyncio.Redis(connection_pool=pool)
+    client.auto_close_connection_pool = True  # closed with the client, as redis-py's from_url does
     return keep_repeated_fields(client)
 
 
@@ -104,7 +108,7 @@ def connect_sync(settings: RedisSettings, *, client_name: str | None = None) -> 
             )
         )
     try:
-        client = redis.Redis.from_url(
+        sync_pool = SyncPool.from_url(
             settings.url,
             password=settings.password.reveal() or None,
             retry=redis.retry.Retry(redis.backoff.NoBackoff(), 0),
@@ -117,6 +121,8 @@ def connect_sync(settings: RedisSettings, *, client_name: str | None = None) -> 
         )
     except ValueError as exc:
         raise ConfigError(f"bad redis.url: {exc}") from None
+    client = redis.Redis(connection_pool=sync_pool)
+    client.auto_close_connection_pool = True
     return keep_repeated_fields(client)
 
 
