@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from ._filter import event_matches, event_types, filter_names
     from ._http import AdminServer
     from ._job_page import check_job_name, job_page
+    from ._open_work import OpenWorkFilter, OpenWorkPage, open_work_page
     from ._status import fleet_status, get_status
 
 _WHERE = {
@@ -28,6 +29,9 @@ _WHERE = {
     "event_matches": "._filter",
     "event_types": "._filter",
     "filter_names": "._filter",
+    "OpenWorkFilter": "._open_work",
+    "OpenWorkPage": "._open_work",
+    "open_work_page": "._open_work",
     "fleet_status": "._status",
     "get_status": "._status",
 }
@@ -40,10 +44,13 @@ __all__ = [
     "check_dataset_name",
     "check_job_name",
     "dataset_page",
+    "OpenWorkFilter",
+    "OpenWorkPage",
     "event_matches",
     "event_types",
     "filter_names",
     "fleet_status",
     "get_status",
     "job_page",
+    "open_work_page",
 ]
