@@ -4,9 +4,10 @@
 What it holds:
 
 - ``shard``: :func:`shared.queue.shard_of` of the name, and that shard's owner;
-- ``open_work``: the open jobs' records of the dataset on its shard
-  (``state:datasets``, HSCAN ``MATCH */<name>``, at most :data:`SCAN_CALLS`
-  batches: ``open_work_more`` says when the scan stopped before the end);
+- ``open_work``: the open jobs' records of the dataset on its shard, the
+  first page of :func:`~coordinator.admin.open_work_page` with
+  ``dataset=<name>`` (at most :data:`OPEN_WORK`; ``open_work_next`` is the
+  cursor of ``GET /status/datasets`` for the rest, or None);
 - ``quarantined``: the sequences its shard's owner set aside
   (``state:quarantined``, ``<name>/*``) and the store's ``_wal/<name>/`` logs
   that are quarantined or unreadable, each with the operator ``actions`` the
@@ -32,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import time
 from typing import TYPE_CHECKING, Any, Final
 
@@ -50,7 +50,8 @@ from shared.events import (
     watermarks_key,
 )
 from shared.queue import Keys, as_text, read_admin_recent, redis_errors, shard_of
-from workers import STATE_VERSION, DatasetState
+
+from ._open_work import OpenWorkFilter, glob_escape, open_work_page
 
 if TYPE_CHECKING:
     from shared.storage import ObjectStore
@@ -60,13 +61,11 @@ COMMITS_MAX: Final = 100
 COMMITS_LISTED: Final = 1000
 """Manifest keys listed at most when the admin stream names fewer commits than asked for."""
 EVENTS_SCAN: Final = 10_000
+OPEN_WORK: Final = 100
+"""Open work shown at most (the rest: ``GET /status/datasets?dataset=<name>&cursor=<open_work_next>``)."""
 SCAN_CALLS: Final = 16
 SCAN_COUNT: Final = 1000
 OPS: Final = ("retry", "skip")
-# Redis glob characters, escaped in a MATCH pattern (a dataset name may hold them).
-_GLOB = re.compile(r"([*?\[\]\\])")
-
-_ds_dec = msgspec.json.Decoder(DatasetState)
 
 
 def check_dataset_name(name: str) -> str:
@@ -79,11 +78,6 @@ def check_dataset_name(name: str) -> str:
         return check_dataset_segment(name)
     except InvalidMessage as exc:
         raise BadInput(exc.detail) from None
-
-
-def glob_escape(text: str) -> str:
-    """Return ``text`` with Redis MATCH glob characters escaped (it then matches itself only)."""
-    return _GLOB.sub(r"\\\1", text)
 
 
 async def _hscan_bounded(r: redis.asyncio.Redis, key: str, match: str) -> tuple[dict[Any, Any], bool]:
@@ -101,28 +95,6 @@ async def _hscan_bounded(r: redis.asyncio.Redis, key: str, match: str) -> tuple[
         if cursor == 0:
             return found, True
     return found, False
-
-
-async def _open_work(
-    r: redis.asyncio.Redis, keys: Keys, shard: int, name: str
-) -> tuple[list[dict[str, Any]], bool]:
-    fields, complete = await _hscan_bounded(r, keys.shard_state(shard, "datasets"), f"*/{glob_escape(name)}")
-    items: list[dict[str, Any]] = []
-    for field, raw in fields.items():
-        job, _, ds_name = as_text(field).partition("/")
-        if ds_name != name:
-            continue
-        try:
-            ds = _ds_dec.decode(raw)
-            row: dict[str, Any] = {"status": ds.status, "reason": ds.reason, "fin": ds.fin}
-            if ds.v != STATE_VERSION:
-                row.update(status="unreadable", reason=f"state record version {ds.v}")
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            row = {"status": "unreadable", "reason": str(exc), "fin": 0}
-        items.append({"dataset": name, "job": job, "shard": shard, **row})
-    # The order the dataset's commits run in (fin: the job_finished's decision sequence; 0 = not finished).
-    items.sort(key=lambda i: (i["fin"] == 0, i["fin"], i["job"]))
-    return items, not complete
 
 
 async def _newest_jobs(r: redis.asyncio.Redis, keys: Keys, name: str, n: int) -> list[str]:
@@ -263,7 +235,7 @@ async def dataset_page(
     commits: int = COMMITS_DEFAULT,
 ) -> dict[str, Any]:
     """Return the dataset page of ``name`` (see the module doc): ``dataset``, ``shard``, ``owner``,
-    ``open_work``, ``open_work_more``, ``quarantined`` (each: ``job``, ``reason``, ``source``
+    ``open_work``, ``open_work_next``, ``quarantined`` (each: ``job``, ``reason``, ``source``
     ``redis``/``store``, ``actions``), and ``store`` (None without a store, else ``lock``,
     ``watermarks``, ``commits``, ``commits_listed_all``).
 
@@ -283,7 +255,8 @@ async def dataset_page(
     shard = shard_of(name, settings.fleet.shards)
     with redis_errors("read shard owner"):
         owner = await r.get(keys.shard_state(shard, "owner"))
-    open_work, more = await _open_work(r, keys, shard, name)
+    work = await open_work_page(r, keys, settings, OpenWorkFilter(dataset=name), None, OPEN_WORK)
+    open_work = sorted(work.items, key=lambda w: w["job"])
     fields, _complete = await _hscan_bounded(
         r, keys.shard_state(shard, "quarantined"), f"{glob_escape(name)}/*"
     )
@@ -310,7 +283,7 @@ async def dataset_page(
         "shard": shard,
         "owner": None if owner is None else as_text(owner),
         "open_work": open_work,
-        "open_work_more": more,
+        "open_work_next": work.next,
     }
     parts: dict[str, Any] | None = None
     if store is not None:
@@ -332,4 +305,4 @@ async def dataset_page(
     return doc
 
 
-__all__ = ["COMMITS_DEFAULT", "COMMITS_MAX", "check_dataset_name", "dataset_page", "glob_escape"]
+__all__ = ["COMMITS_DEFAULT", "COMMITS_MAX", "check_dataset_name", "dataset_page"]

@@ -167,8 +167,12 @@ def print_dataset(console: Console, doc: dict[str, Any]) -> None:
         for w in doc["open_work"]:
             t.add_row(w["job"], w["status"], w["reason"][:80])
         console.print(t)
-        if doc["open_work_more"]:
-            console.print("  ... the scan stopped early: more open work may exist")
+        if doc["open_work_next"]:
+            console.print(
+                f"  ... more open work: GET /status/datasets?dataset={doc['dataset']}",
+                markup=False,
+                highlight=False,
+            )
     else:
         console.print("no open work")
     if doc["quarantined"]:
