@@ -298,7 +298,12 @@ async def dataset_page(
         not open_work
         and not quarantined
         and (
-            parts is None or (parts["lock"] is None and parts["watermarks"] is None and not parts["commits"])
+            parts is None
+            or (
+                (parts["lock"] or {}).get("holder") is None
+                and parts["watermarks"] is None
+                and not parts["commits"]
+            )
         )
     ):
         raise NotFound(f"no such dataset {name!r}: no open work, quarantine, lock or commit")

@@ -18,17 +18,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Final
 
 import msgspec
 import redis.asyncio
 
+from coordinator.admin import AdminServer
 from shared import Settings
 from shared.commit import Manifest, ManifestFile, WatermarksDoc
 from shared.events import Committed, manifest_key, watermarks_key
 from shared.locks import StorageLock
-from shared.queue import AdminPublisher, DatasetResult, Keys, encode_result, shard_of
+from shared.queue import AdminPublisher, DatasetResult, Keys, connect, encode_result, shard_of
 from shared.storage import ObjectStore
 from workers import DatasetState, JobMeta
 from workers._core import Ended
@@ -169,5 +173,19 @@ __all__ = [
     "SHARDS",
     "big_names",
     "expected_status",
+    "page_server",
     "seed_pages",
 ]
+
+
+@asynccontextmanager
+async def page_server(settings: Settings, keys: Keys, store: ObjectStore) -> AsyncIterator[str]:
+    """Serve the admin API and console in this process (with ``store``); yield its base URL."""
+    r = connect(settings.redis, client_name="pages-test")
+    server = AdminServer(settings, r, keys, coordinator_id="c-pages", leading=asyncio.Event(), store=store)
+    try:
+        await server.start()
+        yield f"http://127.0.0.1:{server.port}"
+    finally:
+        await server.stop()
+        await r.aclose()

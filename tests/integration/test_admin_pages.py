@@ -4,7 +4,6 @@ and hostile names and queries (400 / 404, never 500)."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -13,9 +12,9 @@ import aiohttp
 import pytest
 import redis.asyncio
 
-from coordinator.admin import AdminServer, dataset_page, job_page
+from coordinator.admin import dataset_page, job_page
 from shared import BadInput, NotFound, Settings, load_settings
-from shared.queue import Keys, connect, ensure_fleet, shard_of
+from shared.queue import Keys, ensure_fleet, shard_of
 from shared.storage import ObjectStore, open_store
 from tests._support.pages import (
     BIG,
@@ -29,6 +28,7 @@ from tests._support.pages import (
     SHARDS,
     big_names,
     expected_status,
+    page_server,
     seed_pages,
 )
 
@@ -68,14 +68,8 @@ async def seeded(
 
 @pytest.fixture
 async def base(seeded: Keys, settings: Settings, store: ObjectStore) -> AsyncIterator[str]:
-    r = connect(settings.redis, client_name="pages-test")
-    server = AdminServer(settings, r, seeded, coordinator_id="c", leading=asyncio.Event(), store=store)
-    await server.start()
-    try:
-        yield f"http://127.0.0.1:{server.port}"
-    finally:
-        await server.stop()
-        await r.aclose()
+    async with page_server(settings, seeded, store) as url:
+        yield url
 
 
 async def _get(base: str, path: str, **params: str) -> tuple[int, Any]:
@@ -185,6 +179,7 @@ async def test_glob_characters_in_a_name_match_that_name_only(base: str) -> None
         (f"/datasets/{DATASET}", {"commits": "0"}, 400),
         (f"/datasets/{DATASET}", {"commits": "-1"}, 400),
         ("/datasets/no-such-dataset", {}, 404),
+        ("/datasets/x%3Cimg%20src%3Dx%3E", {}, 404),  # a dataset name, but never a lock's: nothing known
     ],
 )
 async def test_hostile_names_and_queries_get_400_or_404(
