@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING, Annotated, Any, Final
 import typer
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from shared import BadInput, NotFound, Settings
 
@@ -36,6 +38,11 @@ EXIT_NOT_FOUND: Final = 4
 
 def _table(*columns: str) -> Table:
     return Table(*columns, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1))
+
+
+def _row(t: Table, *cells: str) -> None:
+    # Names and reasons come from producers: text, never Rich markup ("[bold]" in a name stays as is).
+    t.add_row(*(Text(c) for c in cells))
 
 
 def _when(at: float | None, now: float) -> str:
@@ -79,14 +86,15 @@ def print_job(console: Console, doc: dict[str, Any], *, header: bool = True) -> 
                 ended = row.get("ended") or {}
                 when = f"{ended.get('status', '-')} {_when(ended.get('at'), now)}"
                 beat = "-"
-            t.add_row(str(row["shard"]), row["state"], when, str(row["results"]), beat)
-        console.print(t)
+            _row(t, str(row["shard"]), row["state"], when, str(row["results"]), beat)
+        console.print(t if doc["shards"] else "no shard holds this job now (its state and results are gone)")
     if doc["datasets"]:
         t = _table("dataset", "shard", "status", "files", "bytes", "reason / manifest")
         for d in doc["datasets"]:
             res = d.get("result") or {}
             detail = res.get("manifest") or d.get("reason") or res.get("reason") or ""
-            t.add_row(
+            _row(
+                t,
                 d["dataset"],
                 str(d["shard"]),
                 d["status"],
@@ -114,7 +122,7 @@ def print_dataset(console: Console, doc: dict[str, Any]) -> None:
     """Print a dataset page ``doc`` (see ``dataset_page``) as text."""
     now = time.time()
     console.print(
-        f"dataset [bold]{doc['dataset']}[/]  shard {doc['shard']}  owner {doc['owner'] or '-'}",
+        f"dataset [bold]{escape(doc['dataset'])}[/]  shard {doc['shard']}  owner {doc['owner'] or '-'}",
         highlight=False,
     )
     store = doc["store"]
@@ -146,10 +154,11 @@ def print_dataset(console: Console, doc: dict[str, Any]) -> None:
             t = _table("commit (job)", "files", "bytes", "committed", "epoch", "watermarks")
             for c in store["commits"]:
                 if "error" in c:
-                    t.add_row(c["job"], "", "", "", "", c["error"][:80])
+                    _row(t, c["job"], "", "", "", "", c["error"][:80])
                     continue
                 marks = ", ".join(f"{k}={v}" for k, v in sorted(c["watermarks"].items()))
-                t.add_row(
+                _row(
+                    t,
                     c["job"],
                     str(c["files"]),
                     str(c["bytes"]),
@@ -165,7 +174,7 @@ def print_dataset(console: Console, doc: dict[str, Any]) -> None:
     if doc["open_work"]:
         t = _table("open work (job)", "status", "reason")
         for w in doc["open_work"]:
-            t.add_row(w["job"], w["status"], w["reason"][:80])
+            _row(t, w["job"], w["status"], w["reason"][:80])
         console.print(t)
         if doc["open_work_next"]:
             console.print(
@@ -178,7 +187,8 @@ def print_dataset(console: Console, doc: dict[str, Any]) -> None:
     if doc["quarantined"]:
         t = _table("quarantined (job)", "from", "reason", "actions")
         for q in doc["quarantined"]:
-            t.add_row(
+            _row(
+                t,
                 q["job"],
                 q["source"],
                 q["reason"][:80],

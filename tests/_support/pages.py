@@ -45,7 +45,7 @@ OTHER: Final = 600
 OPEN_SHARDS: Final = frozenset({0, 2})
 DATASET: Final = "sales"
 COMMITS: Final = 12
-GLOB_NAME: Final = "s*l?s[1]"
+GLOB_NAME: Final = "s*l?s[b]"  # [b] is also Rich markup (bold)
 QUARANTINE_REASON: Final = "publish failed: <b>bad</b> & 'quoted'"
 
 
@@ -132,9 +132,9 @@ async def seed_pages(r: redis.asyncio.Redis, keys: Keys, settings: Settings, sto
     )
     # A dataset the glob would match if it were not escaped, on the same shard.
     pipe.hset(
-        keys.shard_state(g_shard, "datasets"), "job-g/sales1", enc.encode(DatasetState(status="waiting"))
+        keys.shard_state(g_shard, "datasets"), "job-g/salesb", enc.encode(DatasetState(status="waiting"))
     )
-    pipe.hset(keys.shard_state(g_shard, "quarantined"), "s-l-s1/job-g", "not mine")
+    pipe.hset(keys.shard_state(g_shard, "quarantined"), "s-l-sb/job-g", "not mine")
     await pipe.execute()
 
     admin = AdminPublisher(r, keys)

@@ -14,7 +14,17 @@ from shared import Settings, load_settings
 from shared.queue import Keys, ensure_fleet
 from shared.storage import open_store
 from tests._support.cli import cli, cli_env
-from tests._support.pages import BIG, COMMITS, DATASET, JOB, QUARANTINE_REASON, SHARDS, big_names, seed_pages
+from tests._support.pages import (
+    BIG,
+    COMMITS,
+    DATASET,
+    GLOB_NAME,
+    JOB,
+    QUARANTINE_REASON,
+    SHARDS,
+    big_names,
+    seed_pages,
+)
 
 
 @pytest.fixture
@@ -60,6 +70,13 @@ async def test_dataset_text_and_json(env: dict[str, str]) -> None:
     assert f"job-c{COMMITS - 1:02d}" in res.out
     assert QUARANTINE_REASON in res.out
     assert f"commitfleet retry {DATASET} job-q" in res.out
+    # A name with Rich markup and glob characters is printed as it is.
+    res = await cli("dataset", GLOB_NAME, env=env)
+    assert res.rc == 0, res.err
+    assert f"dataset {GLOB_NAME}  shard" in res.out
+    res = await cli("job", "job-c11", env=env)
+    assert res.rc == 0, res.err
+    assert "no shard holds this job now" in res.out and "committed dataset=sales job=job-c11" in res.out
     res = await cli("dataset", DATASET, "--json", "--commits", "3", env=env)
     assert res.rc == 0, res.err
     doc = json.loads(res.out)
