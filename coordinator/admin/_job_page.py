@@ -11,8 +11,10 @@ What it holds:
   job is open: ``alive`` when one is there, ``silent`` when none is (the owner
   aborts the job once it has been silent for ``timeout_s``), ``ended`` when the
   job is open nowhere;
-- ``datasets``: a page of the job's datasets, each with its status and, when
-  the fleet has decided it, its result (files, bytes, manifest). On a shard
+- ``datasets``: a page of the job's datasets, each with its status, its
+  state (for a commit or abort under way: ``queued``, ``running`` or
+  ``retrying``, from the owners' in-flight boards) and, when the fleet has
+  decided it, its result (files, bytes, manifest). On a shard
   where the job is open they come from ``state:datasets`` (HSCAN ``MATCH
   <job>/*``) with their results beside them (one HMGET); on a shard where it
   has ended, from the job's result hash (HSCAN). A page holds at most
@@ -40,7 +42,7 @@ import redis.asyncio
 from shared import BadInput, NotFound, Settings
 from shared.events import InvalidMessage, check_job, encode_admin
 from shared.queue import Keys, as_text, read_admin_recent, redis_errors
-from workers import STATE_VERSION, DatasetState, JobMeta
+from workers import STATE_VERSION, DatasetState, JobMeta, read_in_flight
 
 from ._filter import event_matches
 
@@ -56,6 +58,9 @@ EVENTS_SCAN: Final = 10_000
 # <shard>.<HSCAN cursor>[.<last name taken, base64url>]: a dataset name is at most 128 characters.
 _CURSOR: Final = re.compile(r"([0-9]{1,5})\.([0-9]{1,20})(?:\.([A-Za-z0-9_-]{1,700}))?")
 Cursor = tuple[int, int, str | None]
+
+# A commit or abort under way: queued for a slot, or running / retrying on its owner.
+_UNDER_WAY: Final = frozenset({"committing", "aborting"})
 
 _meta_dec = msgspec.json.Decoder(JobMeta)
 _ds_dec = msgspec.json.Decoder(DatasetState)
@@ -319,7 +324,17 @@ async def job_page(
     elif not rows:
         raise NotFound(f"no such job {job!r}: no shard knows it")
     known = {row["shard"]: row["state"] == "open" for row in rows}
-    doc["datasets"], doc["next"] = await _datasets_page(r, keys, job, shards, known, start, limit)
+    items, doc["next"] = await _datasets_page(r, keys, job, shards, known, start, limit)
+    flight: dict[tuple[str, str], str] = {}
+    if any(i["status"] in _UNDER_WAY for i in items):
+        # Bounded by the owners' slots: tells a queued commit from a running one.
+        flight = {
+            (str(f.get("dataset")), str(f.get("job"))): str(f.get("state"))
+            for f in await read_in_flight(r, keys, shards)
+        }
+    for i in items:
+        i["state"] = flight.get((i["dataset"], job), "queued") if i["status"] in _UNDER_WAY else i["status"]
+    doc["datasets"] = items
     doc["at"] = now
     return doc
 

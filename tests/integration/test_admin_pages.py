@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import msgspec
 import pytest
 import redis.asyncio
 
@@ -220,3 +221,36 @@ async def test_the_page_functions_raise_bad_input_and_not_found(
             break
         doc = await job_page(redis_client, seeded, settings, OTHER_JOB, limit=1000, cursor=doc["next"])
     assert names and all(n.startswith("o") for n in names)
+
+
+async def test_a_commit_under_way_shows_queued_or_running(
+    redis_client: redis.asyncio.Redis, seeded: Keys, settings: Settings
+) -> None:
+    from workers._inflight import BOARD, InFlight, work_label
+
+    open_names = [
+        n for n in big_names() if shard_of(n, SHARDS) in OPEN_SHARDS and expected_status(n) == "waiting"
+    ]
+    running, queued = open_names[:2]
+    for name in (running, queued):
+        field = f"{JOB}/{name}"
+        await redis_client.hset(
+            seeded.shard_state(shard_of(name, SHARDS), "datasets"), field, b'{"v":2,"status":"committing"}'
+        )
+    rec = InFlight(
+        work="commit", dataset=running, job=JOB, worker="w1", state="running", since=1.0, state_since=1.0
+    )
+    await redis_client.hset(
+        seeded.shard_state(shard_of(running, SHARDS), BOARD),
+        work_label(("commit", JOB, running)),
+        msgspec.json.encode(rec),
+    )
+    states: dict[str, str] = {}
+    cursor = None
+    while True:
+        doc = await job_page(redis_client, seeded, settings, JOB, limit=1000, cursor=cursor)
+        states |= {d["dataset"]: d["state"] for d in doc["datasets"]}
+        if (cursor := doc["next"]) is None:
+            break
+    assert (states[running], states[queued]) == ("running", "queued")
+    assert states[open_names[2]] == "waiting"
