@@ -48,10 +48,15 @@ from ._filter import event_matches
 
 PAGE_DEFAULT: Final = 100
 PAGE_MAX: Final = 1000
-SCAN_CALLS: Final = 16
-"""HSCAN batches one page reads at most (each of at most :data:`PAGE_MAX` fields)."""
+SCAN_CALLS: Final = 64
+"""HSCAN batches one page reads at most (each examines about DATASETS_COUNT fields at most)."""
+ROUND_MAX: Final = 16
+"""HSCAN batches read in one pipelined round trip at most."""
+DATASETS_COUNT: Final = 5000
+"""HSCAN COUNT of a shard's ``state:datasets`` (every open job's datasets, the job's matched): a
+shard of 100,000 open datasets over 64 shards (about 1,600 each) is read in one batch."""
 RESULT_COUNT: Final = 250
-"""HSCAN COUNT of a job's result hash (``state:datasets`` is read PAGE_MAX at a time)."""
+"""HSCAN COUNT of a job's result hash (this job's datasets only)."""
 EVENTS_DEFAULT: Final = 20
 EVENTS_SCAN: Final = 10_000
 """Admin entries read at most for a job's events (as ``GET /events/recent``)."""
@@ -209,6 +214,32 @@ def _result_rows(shard: int, fields: list[tuple[str, bytes]]) -> list[dict[str, 
     return rows
 
 
+async def _hscan_round(
+    r: redis.asyncio.Redis, keys: Keys, job: str, known: dict[int, bool], scans: list[tuple[int, int]]
+) -> list[tuple[int, list[tuple[str, bytes]]]]:
+    """Return, for each (shard, HSCAN cursor) of ``scans``, the next cursor and the batch it read
+    (name, raw record), in name order: one pipelined round trip."""
+    replies: list[Any]
+    with redis_errors("HSCAN job datasets"):
+        async with r.pipeline(transaction=False) as pipe:
+            for shard, scan in scans:
+                if known[shard]:
+                    pipe.hscan(
+                        keys.shard_state(shard, "datasets"), scan, match=f"{job}/*", count=DATASETS_COUNT
+                    )
+                else:
+                    # The result hash holds this job's datasets only: smaller batches. A batch is read
+                    # again with the same COUNT when a page ends inside it (another COUNT, another batch).
+                    pipe.hscan(keys.job_result(shard, job), scan, count=RESULT_COUNT)
+            replies = await pipe.execute()
+    out: list[tuple[int, list[tuple[str, bytes]]]] = []
+    prefix = len(job) + 1
+    for (shard, _), (nxt, fields) in zip(scans, replies, strict=True):
+        cut = prefix if known[shard] else 0
+        out.append((int(nxt), sorted((as_text(f)[cut:], v) for f, v in fields.items())))
+    return out
+
+
 async def _datasets_page(
     r: redis.asyncio.Redis,
     keys: Keys,
@@ -221,49 +252,62 @@ async def _datasets_page(
     """Return up to ``limit`` of the job's datasets from ``start`` and the next cursor (None: done).
 
     ``known``: the shards that know the job, True where it is open there (the
-    others are passed without a read). Reads at most SCAN_CALLS HSCAN batches.
-    A batch is taken in name order; when a page ends inside one, the cursor
-    names the batch and the last name taken, and the next page reads that
-    batch again and goes on after the name.
+    others are passed without a read). The shards are read in rounds, one
+    pipelined round trip each, of 1, 2, 4... up to :data:`ROUND_MAX` shards'
+    next HSCAN batches (a big job fills a page from one shard; a small one
+    spread over 64 shards takes a few round trips, not 64), at most
+    :data:`SCAN_CALLS` batches a page. A batch is taken in name order; when a
+    page ends inside one, the cursor names the batch and the last name taken,
+    and the next page reads that batch again and goes on after the name.
     """
     shard, scan, after = start
     items: list[dict[str, Any]] = []
-    calls = 0
-    while shard < shards and len(items) < limit and calls < SCAN_CALLS:
-        if shard not in known:
+    calls, width = 0, 1
+    while len(items) < limit and calls < SCAN_CALLS:
+        while shard < shards and shard not in known:
             shard, scan, after = shard + 1, 0, None
-            continue
-        calls += 1
-        reply: Any
-        if known[shard]:
-            with redis_errors("HSCAN state:datasets"):
-                reply = await r.hscan(
-                    keys.shard_state(shard, "datasets"), scan, match=f"{job}/*", count=PAGE_MAX
-                )
-            prefix = len(job) + 1
-            batch = sorted((as_text(f)[prefix:], v) for f, v in reply[1].items())
-        else:
-            # The result hash holds this job's datasets only: smaller batches. A batch is read again
-            # with the same COUNT when a page ends inside it (another COUNT is another batch).
-            with redis_errors("HSCAN result"):
-                reply = await r.hscan(keys.job_result(shard, job), scan, count=RESULT_COUNT)
-            batch = sorted((as_text(f), v) for f, v in reply[1].items())
-        if after is not None:
-            batch = [b for b in batch if b[0] > after]
-        take = batch[: limit - len(items)]
-        if known[shard]:
-            results: list[Any] = []
-            if take:
-                with redis_errors("HMGET result"):
-                    results = await r.hmget(keys.job_result(shard, job), [name for name, _ in take])
-            items.extend(_open_rows(shard, take, results))
-        else:
-            items.extend(_result_rows(shard, take))
-        if len(take) < len(batch):
-            return items, format_cursor((shard, scan, take[-1][0]))
-        scan, after = int(reply[0]), None
-        if scan == 0:
-            shard = shard + 1
+        if shard >= shards:
+            break
+        scans = [(shard, scan)]
+        s = shard + 1
+        while s < shards and len(scans) < min(width, SCAN_CALLS - calls):
+            if s in known:
+                scans.append((s, 0))
+            s += 1
+        calls += len(scans)
+        width = min(2 * width, ROUND_MAX)
+        takes: list[tuple[int, list[tuple[str, bytes]]]] = []
+        stop: Cursor | None = None  # where the page ends inside a batch
+        for (at, _), (nxt, batch) in zip(scans, await _hscan_round(r, keys, job, known, scans), strict=True):
+            # (shard, scan, after) is where this batch starts when ``at`` is ``shard``, else (at, 0, None).
+            first = at == shard
+            if first and after is not None:
+                batch = [b for b in batch if b[0] > after]
+            room = limit - len(items) - sum(len(t) for _, t in takes)
+            take = batch[:room]
+            if not take and batch:  # the page is full: the next one starts with this batch
+                stop = (at, scan, after) if first else (at, 0, None)
+                break
+            takes.append((at, take))
+            if len(take) < len(batch):
+                stop = (at, scan if first else 0, take[-1][0])
+                break
+            shard, scan, after = (at + 1, 0, None) if nxt == 0 else (at, nxt, None)
+            if nxt != 0:
+                break  # this shard has more: the next round goes on with it (later batches are dropped)
+        open_takes = [(at, take) for at, take in takes if known[at] and take]
+        results: list[Any] = []
+        if open_takes:
+            with redis_errors("HMGET results"):
+                async with r.pipeline(transaction=False) as pipe:
+                    for at, take in open_takes:
+                        pipe.hmget(keys.job_result(at, job), [name for name, _ in take])
+                    results = await pipe.execute()
+        found = dict(zip([at for at, _ in open_takes], results, strict=True))
+        for at, take in takes:
+            items.extend(_open_rows(at, take, found.get(at, [])) if known[at] else _result_rows(at, take))
+        if stop is not None:
+            return items, format_cursor(stop)
     while shard < shards and shard not in known:  # no cursor that leads to nothing more
         shard, scan, after = shard + 1, 0, None
     return items, (None if shard >= shards else format_cursor((shard, scan, after)))

@@ -254,3 +254,18 @@ async def test_a_commit_under_way_shows_queued_or_running(
             break
     assert (states[running], states[queued]) == ("running", "queued")
     assert states[open_names[2]] == "waiting"
+
+
+@pytest.mark.parametrize("limit", [7, 333, 1000])
+async def test_every_page_size_walks_each_dataset_once(
+    redis_client: redis.asyncio.Redis, seeded: Keys, settings: Settings, limit: int
+) -> None:
+    seen: list[str] = []
+    cursor = None
+    while True:
+        doc = await job_page(redis_client, seeded, settings, JOB, limit=limit, cursor=cursor, events=0)
+        assert len(doc["datasets"]) <= limit
+        seen += [d["dataset"] for d in doc["datasets"]]
+        if (cursor := doc["next"]) is None:
+            break
+    assert sorted(seen) == sorted(big_names())
