@@ -5,7 +5,7 @@ state (tests/_support/pages.py): the header's search box opens a job's page (liv
 of its datasets, next page), a dataset link in the quarantined table opens the dataset's page (lock,
 commits, open work, quarantine with a reason full of markup, shown as text), its Retry button queues the
 operator request, a job link in the events panel opens that job; bad and unknown names show the
-server's reason and never run markup.
+server's reason and never run markup. Screenshots of both views are kept in ``test-artifacts/``.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from tests._support.pages import (
 pytestmark = pytest.mark.browser
 
 TOKEN = "console-pages-token-0123456789"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 
 
 async def test_job_and_dataset_pages(
@@ -71,6 +72,8 @@ async def test_job_and_dataset_pages(
             assert len(first) == 100
             await page.click("#lookup .next-page")
             await page.locator("#lookup .first-page").wait_for(timeout=MS)
+            ARTIFACTS.mkdir(exist_ok=True)
+            await page.screenshot(path=str(ARTIFACTS / "console-job.png"))
             second = await page.eval_on_selector_all(
                 "#lookup .job-datasets tbody tr", "rs => rs.map(r => r.dataset.dataset)"
             )
@@ -93,6 +96,8 @@ async def test_job_and_dataset_pages(
             reason = page.locator("#lookup .ds-quarantined td.reason")
             assert await reason.text_content() == QUARANTINE_REASON
             assert await page.locator("#lookup .ds-quarantined td.reason b").count() == 0  # text, not markup
+            ARTIFACTS.mkdir(exist_ok=True)
+            await page.screenshot(path=str(ARTIFACTS / "console-dataset.png"))
 
             # Retry from the dataset's page: the operator request is queued for the dataset's shard.
             await page.click("#lookup .ds-quarantined button.retry")

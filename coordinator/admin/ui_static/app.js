@@ -382,7 +382,7 @@ function renderJob(doc, cursor) {
   const live = doc.liveness;
   const line = [`liveness: ${live.state}`];
   if (live.state !== "ended") {
-    line.push(`last driver beat ${when(live.beat_at)}`, `silent ${live.silent_s} s of ${live.timeout_s} s`);
+    line.push(`last driver beat ${when(live.beat_at)}`, `silent ${Number(live.silent_s).toFixed(1)} s of ${live.timeout_s} s`);
   }
   const shards = lookupTable("job-shards", ["shard", "state", "opened / ended", "results", "driver beat"],
     doc.shards.map((s) => el("tr", { "data-shard": s.shard },
@@ -398,8 +398,10 @@ function renderJob(doc, cursor) {
         el("td", { class: "reason" }, r.manifest || d.reason || r.reason || ""));
     }));
   const nav = el("p", { class: "pager" });
-  if (cursor) nav.append(el("button", { type: "button", class: "link first-page", onclick: () => showJob(doc.job, null) }, "first page"), " ");
-  if (doc.next) nav.append(el("button", { type: "button", class: "link next-page", onclick: () => showJob(doc.job, doc.next) }, "next page"));
+  // Another page: shown from its top (the button was at the bottom of the last one).
+  const turn = async (next) => { await showJob(doc.job, next); document.getElementById("lookup").scrollIntoView({ block: "start" }); };
+  if (cursor) nav.append(el("button", { type: "button", class: "link first-page", onclick: () => turn(null) }, "first page"), " ");
+  if (doc.next) nav.append(el("button", { type: "button", class: "link next-page", onclick: () => turn(doc.next) }, "next page"));
   const parts = [el("p", { class: "liveness" }, line.join(" · ")), shards,
     el("h3", {}, `Datasets (${doc.datasets.length} on this page)`), datasets, nav];
   if (doc.events) {
