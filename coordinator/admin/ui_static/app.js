@@ -389,11 +389,11 @@ function renderJob(doc, cursor) {
       el("td", {}, s.shard), el("td", {}, s.state),
       el("td", {}, s.state === "open" ? when(s.opened_at) : `${(s.ended || {}).status || "-"} ${when((s.ended || {}).at)}`),
       el("td", {}, s.results), el("td", {}, s.alive ? when(s.alive.beat_at) : "-"))));
-  const datasets = lookupTable("job-datasets", ["dataset", "shard", "status", "files", "bytes", "reason / manifest"],
+  const datasets = lookupTable("job-datasets", ["dataset", "shard", "status", "state", "files", "bytes", "reason / manifest"],
     doc.datasets.map((d) => {
       const r = d.result || {};
       return el("tr", { "data-dataset": d.dataset, "data-status": d.status },
-        el("td", {}, pageLink("dataset", d.dataset)), el("td", {}, d.shard), el("td", {}, d.status),
+        el("td", {}, pageLink("dataset", d.dataset)), el("td", {}, d.shard), el("td", {}, d.status), el("td", {}, d.state),
         el("td", {}, r.files ?? ""), el("td", {}, r.bytes ?? ""),
         el("td", { class: "reason" }, r.manifest || d.reason || r.reason || ""));
     }));
