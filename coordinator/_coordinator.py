@@ -128,7 +128,7 @@ class Coordinator:
                     maxlen=s.admin.stream_maxlen,
                     durability=s.redis.durable,
                 )
-                server = AdminServer(s, r, keys, coordinator_id=self.id, leading=self.leading)
+                server = AdminServer(s, r, keys, coordinator_id=self.id, leading=self.leading, store=store)
                 await server.start()
                 self.http_port = server.port
                 self.ready.set()

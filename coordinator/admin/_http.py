@@ -11,6 +11,11 @@ Routes:
   reads at most :data:`RECENT_SCAN` entries per request and answers the
   stream's ``head`` (follow the live events from it: ``/events?from=<head>``)
   and a ``cursor`` for older events
+- ``GET /jobs/{job}``  the job page (coordinator/admin/_job_page.py): its shards,
+  liveness, a page of its datasets (``limit`` 1..1000, ``cursor`` = the page's
+  ``next``), its newest events (first page; ``events`` 0..100)
+- ``GET /datasets/{name}``  the dataset page (coordinator/admin/_dataset_page.py):
+  shard, open work, quarantine, lock, newest commits (``commits`` 1..100)
 - ``GET /metrics``  Prometheus text format
 - ``GET /healthz``  ``ok`` (no token, no Host check: it tells nothing)
 - ``/ui``           the web console (coordinator/admin/_ui.py)
@@ -21,7 +26,11 @@ bearer token or console cookie when ``coordinator.admin_token`` is set
 ``coordinator.request_timeout``; event streams send a keep-alive comment when
 idle, are capped at ``coordinator.sse_max_clients``, and end as soon as their
 client disconnects (aiohttp cancels the handler: no loop, no Redis read left).
-Nothing on a request path lists or reads the store.
+Nothing on a request path lists or reads the store but the dataset page, which
+reads a bounded number of objects of one dataset (its lock, watermarks, newest
+manifests, its ``_wal/`` logs and a capped listing of its ``_commits/``).
+The job and dataset pages answer 400 for a name that is not a job id or a
+dataset name, 404 for one the fleet does not know.
 """
 
 from __future__ import annotations
@@ -31,14 +40,23 @@ import logging
 import re
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import redis.asyncio
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from shared import BadInput, ConfigError, Settings, TransientError, kv, raise_if_cancelling
+from shared import (
+    BadInput,
+    ConfigError,
+    NotFound,
+    OutcomeUnknown,
+    Settings,
+    TransientError,
+    kv,
+    raise_if_cancelling,
+)
 from shared.events import DATA_FIELD, AdminEvent, Committed, InvalidMessage, decode_admin, encode_admin
 from shared.queue import (
     Keys,
@@ -51,11 +69,16 @@ from shared.queue import (
 )
 
 from . import _ui
+from ._dataset_page import dataset_page
 from ._filter import event_matches, event_types, filter_names
+from ._job_page import EVENTS_DEFAULT, PAGE_DEFAULT, job_page
 from ._metrics import CONTENT_TYPE, FleetMetrics
 from ._status import fleet_status
 from ._ui_auth import allowed_hosts, authorized, check_bind, host_allowed
 from ._ui_history import CommitHistory, window_start_id
+
+if TYPE_CHECKING:
+    from shared.storage import ObjectStore
 
 log = logging.getLogger("coordinator.http")
 
@@ -104,6 +127,8 @@ RECENT_MAX = 1000
 RECENT_SCAN = 10_000
 _FILTER_PARAMS = ("type", "dataset", "job")
 _RECENT_PARAMS = frozenset({*_FILTER_PARAMS, "limit", "before"})
+_JOB_PARAMS = frozenset({"limit", "cursor", "events"})
+_DATASET_PARAMS = frozenset({"commits"})
 
 
 def stream_id_ok(text: str) -> bool:
@@ -127,8 +152,11 @@ class AdminServer:
         *,
         coordinator_id: str,
         leading: asyncio.Event,
+        store: ObjectStore | None = None,
     ) -> None:
         self.settings = settings
+        # Read by the dataset page only (its lock, manifests, watermarks, logs); None: those parts are null.
+        self.store = store
         self.r = keep_repeated_fields(redis_client)  # the admin stream reader sees a repeated field name
         self.keys = keys
         self.coordinator_id = coordinator_id
@@ -151,6 +179,8 @@ class AdminServer:
                 web.get("/status", self._status),
                 web.get("/events", self._events),
                 web.get("/events/recent", self._recent),
+                web.get("/jobs/{job}", self._job),
+                web.get("/datasets/{name}", self._dataset),
                 web.get("/metrics", self._metrics),
                 web.get("/healthz", self._health),
             ]
@@ -373,6 +403,60 @@ class AdminServer:
         }
         return web.Response(body=msgspec.json.encode(doc), content_type="application/json")
 
+    async def _job(self, request: web.Request) -> web.Response:
+        """Answer the job page (``GET /jobs/{job}``).
+
+        Returns 200 with the page, 400 on a bad name or query, 404 for a job no
+        shard knows, 503 when Redis is unavailable.
+        """
+        q = request.query
+        try:
+            _known_params(q, _JOB_PARAMS)
+            limit = _whole(q, "limit", PAGE_DEFAULT, 1, 1000)
+            events = _whole(q, "events", EVENTS_DEFAULT, 0, 100)
+            doc = await job_page(
+                self.r,
+                self.keys,
+                self.settings,
+                request.match_info["job"],
+                cursor=_single(q, "cursor"),
+                limit=limit,
+                events=events,
+            )
+        except BadInput as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        except NotFound as exc:
+            return web.json_response({"error": str(exc)}, status=404)
+        except TransientError as exc:
+            return web.json_response({"error": str(exc)}, status=503)
+        return web.Response(body=msgspec.json.encode(doc), content_type="application/json")
+
+    async def _dataset(self, request: web.Request) -> web.Response:
+        """Answer the dataset page (``GET /datasets/{name}``).
+
+        Returns 200 with the page, 400 on a bad name or query, 404 for a dataset
+        nothing is known of, 503 when Redis or the store is unavailable.
+        """
+        q = request.query
+        try:
+            _known_params(q, _DATASET_PARAMS)
+            commits = _whole(q, "commits", 10, 1, 100)
+            doc = await dataset_page(
+                self.r,
+                self.keys,
+                self.settings,
+                request.match_info["name"],
+                store=self.store,
+                commits=commits,
+            )
+        except BadInput as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        except NotFound as exc:
+            return web.json_response({"error": str(exc)}, status=404)
+        except (TransientError, OutcomeUnknown) as exc:
+            return web.json_response({"error": str(exc)}, status=503)
+        return web.Response(body=msgspec.json.encode(doc), content_type="application/json")
+
     async def _events(self, request: web.Request) -> web.StreamResponse:
         c = self.settings.coordinator
         if self.sse_clients >= c.sse_max_clients:
@@ -442,6 +526,27 @@ def _single(q: Any, name: str) -> str | None:
     if len(values) > 1:
         raise BadInput(f"give {name} once")
     return str(values[0]) if values else None
+
+
+def _known_params(q: Any, known: frozenset[str]) -> None:
+    """Check that the query names only ``known`` parameters. Returns None; raises BadInput otherwise."""
+    unknown = sorted(set(q) - known)
+    if unknown:
+        raise BadInput(f"unknown parameter {unknown[0][:40]!r}; known: {', '.join(sorted(known))}")
+
+
+def _whole(q: Any, name: str, default: int, low: int, high: int) -> int:
+    """Return the query's whole number ``name`` (``default`` when absent).
+
+    Raises:
+        BadInput: not a whole number from ``low`` to ``high``, or given twice.
+    """
+    text = _single(q, name)
+    if text is None:
+        return default
+    if not (text.isascii() and text.isdigit() and len(text) <= 6 and low <= int(text) <= high):
+        raise BadInput(f"{name} {text[:40]!r}: give a whole number from {low} to {high}")
+    return int(text)
 
 
 def _filter_query(q: Any) -> tuple[set[str], str | None, str | None]:

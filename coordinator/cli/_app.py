@@ -9,9 +9,9 @@ agree with it.
 Exit codes: 0 done (or a worker or coordinator stopped by SIGTERM/SIGINT); 1 the command failed (an
 audit violation, an operator request that did not apply); 2 a bad setting
 (one line on stderr); 3 a service could not be reached (operator commands; a
-worker or coordinator waits for Redis instead); 70 a worker or coordinator
-crashed on an unexpected error (the traceback is in its log); 130 / 143 ``demo`` or ``bench`` stopped
-by SIGINT / SIGTERM (after stopping every process it started).
+worker or coordinator waits for Redis instead); 4 ``job`` / ``dataset``: no such job or dataset;
+70 a worker or coordinator crashed on an unexpected error (the traceback is in its log);
+130 / 143 ``demo`` or ``bench`` stopped by SIGINT / SIGTERM (after stopping every process it started).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import typer
 
 from shared import CommitfleetError
 
-from . import _ops, _processes, _stream, _tools
+from . import _lookup, _ops, _processes, _stream, _tools
 from ._common import err
 
 app = typer.Typer(
@@ -33,7 +33,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 # The order of --help: the processes, the operator commands, the tools.
-for group in (_processes, _ops, _stream, _tools):
+for group in (_processes, _ops, _lookup, _stream, _tools):
     group.register(app)
 
 

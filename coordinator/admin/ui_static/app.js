@@ -72,17 +72,17 @@ function renderStatus(doc) {
     el("td", {}, w.id), el("td", {}, w.host), el("td", {}, w.pid), el("td", {}, ago(w.heartbeat_at)),
     el("td", {}, `${w.shards.length}: ${ranges(w.shards)}`)));
   fill("pending", doc.pending, (p) => el("tr", { "data-dataset": p.dataset },
-    el("td", {}, p.dataset), el("td", {}, p.job), el("td", {}, p.shard), el("td", {}, p.status),
+    el("td", {}, pageLink("dataset", p.dataset)), el("td", {}, pageLink("job", p.job)), el("td", {}, p.shard), el("td", {}, p.status),
     el("td", {}, p.state), el("td", { class: "reason" }, p.reason || "")));
   fill("quarantined", doc.quarantined, (q) => el("tr", { "data-dataset": q.dataset, "data-job": q.job },
-    el("td", {}, q.dataset), el("td", {}, q.job), el("td", { class: "reason" }, q.reason),
+    el("td", {}, pageLink("dataset", q.dataset)), el("td", {}, pageLink("job", q.job)), el("td", { class: "reason" }, q.reason),
     el("td", {},
       el("button", { class: "retry", type: "button", onclick: () => act("retry", q) }, "Retry"), " ",
       el("button", { class: "skip", type: "button", onclick: () => act("skip", q) }, "Skip"))));
 }
 
-async function act(op, q) {
-  const result = document.getElementById("action-result");
+async function act(op, q, resultId = "action-result") {
+  const result = document.getElementById(resultId);
   if (op === "skip" && !confirm(`Skip ${q.dataset} / ${q.job}? Its staged output is dropped.`)) return;
   result.className = "result";
   result.textContent = `${op} of ${q.dataset} / ${q.job}: sending…`;
@@ -102,15 +102,20 @@ async function act(op, q) {
 }
 
 function describe(ev) {
+  // "k=v" pairs as text; a job or dataset value is a link to its page.
   const skip = new Set(["v", "type", "at", "phases", "assignment"]);
   return Object.entries(ev).filter(([k, v]) => !skip.has(k) && v !== "" && v !== null)
-    .map(([k, v]) => `${k}=${typeof v === "object" ? JSON.stringify(v) : v}`).join(" ");
+    .flatMap(([k, v], i) => {
+      const value = (k === "job" || k === "dataset") && typeof v === "string"
+        ? pageLink(k, v) : `${typeof v === "object" ? JSON.stringify(v) : v}`;
+      return [i ? " " : "", `${k}=`, value];
+    });
 }
 
 function eventItem(id, type, ev) {
   const when = new Date(ev.at * 1000).toLocaleTimeString();
   return el("li", { class: type, "data-id": id, "data-type": type, "data-dataset": ev.dataset || "",
-    "data-job": ev.job || "" }, `${when} `, el("span", { class: "tag" }, type), " ", describe(ev));
+    "data-job": ev.job || "" }, `${when} `, el("span", { class: "tag" }, type), " ", ...describe(ev));
 }
 
 function trimEvents(list) {
@@ -332,3 +337,189 @@ refreshHistory();
 setupEvents();
 setInterval(refreshStatus, STATUS_EVERY_MS);
 setInterval(refreshHistory, HISTORY_EVERY_MS);
+
+// ---- The job and dataset pages (GET /jobs/{job}, GET /datasets/{name}) --------------------------
+// Opened from the header's search box, or a job / dataset link in the tables and the events panel:
+// each sets the location's hash (#job=<id>, #dataset=<name>), so the browser's back button and a
+// copied link work. One page of a job's datasets is shown at a time (the server pages them).
+
+const LOOKUP_PAGE = 100;  // a job's datasets per page
+let lookupGeneration = 0;
+
+function pageLink(kind, name) {
+  // A link to a job's or a dataset's page; the name is text, the hash is encoded.
+  if (!name) return "";
+  return el("a", { href: `#${kind}=${encodeURIComponent(name)}`, class: `open-${kind}`, "data-name": name }, name);
+}
+
+function lookupTarget() {
+  // The page the hash names: {kind, name}, or null (no page open, or a hash that is not ours).
+  const m = /^#(job|dataset)=(.*)$/.exec(location.hash);
+  if (!m) return null;
+  try { return { kind: m[1], name: decodeURIComponent(m[2]) }; } catch (e) { return { kind: m[1], name: null }; }
+}
+
+async function pageJSON(url) {
+  // GET a page: {status, body}; a 4xx/5xx answer's body carries the server's error.
+  const resp = await fetch(url, { credentials: "same-origin", cache: "no-store" });
+  if (resp.status === 401) { location.href = "/ui/login"; throw new Error("signed out"); }
+  const body = await resp.json().catch(() => ({}));
+  return { status: resp.status, body };
+}
+
+function lookupTable(cls, heads, rows) {
+  return el("table", { class: cls },
+    el("thead", {}, el("tr", {}, ...heads.map((h) => el("th", {}, h)))),
+    el("tbody", {}, ...rows));
+}
+
+function when(at) {
+  return at === null || at === undefined ? "-" : `${new Date(at * 1000).toLocaleTimeString()} (${ago(at)})`;
+}
+
+function renderJob(doc, cursor) {
+  const body = document.getElementById("lookup-body");
+  const live = doc.liveness;
+  const line = [`liveness: ${live.state}`];
+  if (live.state !== "ended") {
+    line.push(`last driver beat ${when(live.beat_at)}`, `silent ${Number(live.silent_s).toFixed(1)} s of ${live.timeout_s} s`);
+  }
+  const shards = lookupTable("job-shards", ["shard", "state", "opened / ended", "results", "driver beat"],
+    doc.shards.map((s) => el("tr", { "data-shard": s.shard },
+      el("td", {}, s.shard), el("td", {}, s.state),
+      el("td", {}, s.state === "open" ? when(s.opened_at) : `${(s.ended || {}).status || "-"} ${when((s.ended || {}).at)}`),
+      el("td", {}, s.results), el("td", {}, s.alive ? when(s.alive.beat_at) : "-"))));
+  const datasets = lookupTable("job-datasets", ["dataset", "shard", "status", "state", "files", "bytes", "reason / manifest"],
+    doc.datasets.map((d) => {
+      const r = d.result || {};
+      return el("tr", { "data-dataset": d.dataset, "data-status": d.status },
+        el("td", {}, pageLink("dataset", d.dataset)), el("td", {}, d.shard), el("td", {}, d.status), el("td", {}, d.state),
+        el("td", {}, r.files ?? ""), el("td", {}, r.bytes ?? ""),
+        el("td", { class: "reason" }, r.manifest || d.reason || r.reason || ""));
+    }));
+  const nav = el("p", { class: "pager" });
+  // Another page: shown from its top (the button was at the bottom of the last one).
+  const turn = async (next) => { await showJob(doc.job, next); document.getElementById("lookup").scrollIntoView({ block: "start" }); };
+  if (cursor) nav.append(el("button", { type: "button", class: "link first-page", onclick: () => turn(null) }, "first page"), " ");
+  if (doc.next) nav.append(el("button", { type: "button", class: "link next-page", onclick: () => turn(doc.next) }, "next page"));
+  const parts = [el("p", { class: "liveness" }, line.join(" · ")), shards,
+    el("h3", {}, `Datasets (${doc.datasets.length} on this page)`), datasets, nav];
+  if (doc.events) {
+    const list = el("ol", { class: "events job-events" }, ...doc.events.map(({ id, event }) => eventItem(id, event.type, event)));
+    parts.push(el("h3", {}, "Newest events"), doc.events.length ? list : el("p", { class: "hint" }, "no recent event names this job"));
+  }
+  body.replaceChildren(...parts);
+}
+
+function renderDataset(doc) {
+  const body = document.getElementById("lookup-body");
+  const parts = [el("p", { class: "ds-shard" }, `shard ${doc.shard} · owner ${doc.owner || "none"}`)];
+  const st = doc.store;
+  if (st === null) {
+    parts.push(el("p", { class: "hint" }, "the coordinator has no store: no lock, commits or watermarks"));
+  } else {
+    const lock = st.lock;
+    let text = "lock: never taken";
+    if (lock && lock.error) text = `lock: unreadable: ${lock.error}`;
+    else if (lock) {
+      const state = lock.held ? "held" : (lock.released ? "released" : "expired");
+      text = `lock: ${state} · holder ${lock.holder} · epoch ${lock.epoch} · expires ${when(lock.expires_at)}`;
+    }
+    parts.push(el("p", { class: "ds-lock" }, text));
+    if (st.watermarks && st.watermarks.values) {
+      const marks = Object.entries(st.watermarks.values).map(([k, v]) => `${k}=${v}`).join(", ");
+      parts.push(el("p", { class: "ds-watermarks" }, `watermarks: ${marks || "none"}`));
+    }
+    parts.push(el("h3", {}, `Newest commits (${st.commits.length})`));
+    parts.push(lookupTable("ds-commits", ["job", "files", "bytes", "committed", "epoch", "watermarks"],
+      st.commits.map((c) => el("tr", { "data-job": c.job },
+        el("td", {}, pageLink("job", c.job)), el("td", {}, c.files ?? ""), el("td", {}, c.bytes ?? ""),
+        el("td", {}, c.error ? c.error : when(c.committed_at)), el("td", {}, c.epoch ?? ""),
+        el("td", {}, Object.entries(c.watermarks || {}).map(([k, v]) => `${k}=${v}`).join(", "))))));
+  }
+  parts.push(el("h3", {}, `Open work (${doc.open_work.length}${doc.open_work_next ? "+" : ""})`));
+  parts.push(lookupTable("ds-open", ["job", "status", "state", "reason"],
+    doc.open_work.map((w) => el("tr", { "data-job": w.job },
+      el("td", {}, pageLink("job", w.job)), el("td", {}, w.status), el("td", {}, w.state || ""),
+      el("td", { class: "reason" }, w.reason || "")))));
+  parts.push(el("h3", {}, `Quarantined (${doc.quarantined.length})`));
+  parts.push(lookupTable("ds-quarantined", ["job", "from", "reason", ""],
+    doc.quarantined.map((q) => el("tr", { "data-job": q.job },
+      el("td", {}, pageLink("job", q.job)), el("td", {}, q.source), el("td", { class: "reason" }, q.reason),
+      el("td", {}, ...q.actions.flatMap((op) => [
+        el("button", { class: op, type: "button", onclick: () => lookupAct(op, doc.dataset, q.job) },
+          op === "retry" ? "Retry" : "Skip"), " "]))))));
+  body.replaceChildren(...parts);
+}
+
+async function lookupAct(op, dataset, job) {
+  // The outcome stays in the note; the page is read again below it.
+  await act(op, { dataset, job }, "lookup-note");
+  await showDataset(dataset, true);
+}
+
+async function showJob(name, cursor) {
+  const gen = ++lookupGeneration;
+  const note = document.getElementById("lookup-note");
+  const q = new URLSearchParams({ limit: String(LOOKUP_PAGE) });
+  if (cursor) q.set("cursor", cursor);
+  const { status, body } = await pageJSON(`/jobs/${encodeURIComponent(name)}?${q}`);
+  if (gen !== lookupGeneration) return;
+  if (status !== 200) { lookupFailed(status, body); return; }
+  note.className = "result"; note.textContent = "";
+  renderJob(body, cursor);
+}
+
+async function showDataset(name, keepNote = false) {
+  const gen = ++lookupGeneration;
+  const note = document.getElementById("lookup-note");
+  const { status, body } = await pageJSON(`/datasets/${encodeURIComponent(name)}`);
+  if (gen !== lookupGeneration) return;
+  if (status !== 200) { lookupFailed(status, body); return; }
+  if (!keepNote) { note.className = "result"; note.textContent = ""; }
+  renderDataset(body);
+}
+
+function lookupFailed(status, body) {
+  const note = document.getElementById("lookup-note");
+  note.className = "result error";
+  note.textContent = status === 404 ? `not found: ${body.error || "HTTP 404"}` : (body.error || `HTTP ${status}`);
+  document.getElementById("lookup-body").replaceChildren();
+}
+
+async function showLookup() {
+  // Show the page the hash names (or hide the section when it names none).
+  const section = document.getElementById("lookup");
+  const target = lookupTarget();
+  if (!target) { lookupGeneration++; section.hidden = true; return; }
+  section.hidden = false;
+  document.getElementById("lookup-title").textContent = `${target.kind} ${target.name ?? ""}`;
+  const note = document.getElementById("lookup-note");
+  if (!target.name) { lookupFailed(400, { error: "no name given" }); return; }
+  note.className = "result"; note.textContent = "loading…";
+  try {
+    if (target.kind === "job") await showJob(target.name, null);
+    else await showDataset(target.name);
+  } catch (e) {
+    note.className = "result error"; note.textContent = `${target.kind}: ${e.message}`;
+  }
+  section.scrollIntoView({ block: "start" });
+}
+
+function setupLookup() {
+  document.getElementById("lookup-form").addEventListener("submit", (e) => {
+    e.preventDefault();
+    const name = document.getElementById("lookup-name").value.trim();
+    if (!name) return;
+    const next = `#${document.getElementById("lookup-kind").value}=${encodeURIComponent(name)}`;
+    if (location.hash === next) showLookup(); else location.hash = next;
+  });
+  document.getElementById("lookup-close").addEventListener("click", () => {
+    window.history.pushState(null, "", location.pathname + location.search);
+    showLookup();
+  });
+  window.addEventListener("hashchange", showLookup);
+  showLookup();
+}
+
+setupLookup();
