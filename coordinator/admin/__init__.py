@@ -14,6 +14,7 @@ from shared import lazy_exports
 if TYPE_CHECKING:
     from ._filter import event_matches, event_types, filter_names
     from ._http import AdminServer
+    from ._open_work import OpenWorkFilter, OpenWorkPage, open_work_page
     from ._status import fleet_status, get_status
 
 _WHERE = {
@@ -21,6 +22,9 @@ _WHERE = {
     "event_matches": "._filter",
     "event_types": "._filter",
     "filter_names": "._filter",
+    "OpenWorkFilter": "._open_work",
+    "OpenWorkPage": "._open_work",
+    "open_work_page": "._open_work",
     "fleet_status": "._status",
     "get_status": "._status",
 }
@@ -28,4 +32,14 @@ _WHERE = {
 __getattr__ = lazy_exports(__name__, _WHERE)
 
 
-__all__ = ["AdminServer", "event_matches", "event_types", "filter_names", "fleet_status", "get_status"]
+__all__ = [
+    "AdminServer",
+    "OpenWorkFilter",
+    "OpenWorkPage",
+    "event_matches",
+    "event_types",
+    "filter_names",
+    "fleet_status",
+    "get_status",
+    "open_work_page",
+]

@@ -1,0 +1,274 @@
+"""Open work, one page at a time: the datasets of open jobs, filtered, read with HSCAN.
+
+``GET /status/datasets``, ``commitfleet status`` (its first page, ``--all``) and the console's
+pending table read open work through :func:`open_work_page`. Each call's Redis work and memory
+are bounded (:data:`SCAN_CALLS` HSCANs of :data:`SCAN_COUNT`, one reply held at a time), whatever
+the fleet holds: a filter that matches little may come back with a short (even empty) page and a
+cursor to go on with.
+
+The cursor is opaque to callers: the shard, the HSCAN cursor of the reply the page stopped in
+and the last field taken from that reply (a reply's matches are taken in field order, so that
+the same reply read again continues where the page stopped). Over a state that does not change,
+the pages return each entry exactly once; an entry present from the first page to the last is
+returned at least once (HSCAN's guarantee: a hash that shrinks meanwhile may repeat one).
+
+Kept free of aiohttp and the commit core: the CLI imports it.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterable
+from typing import Any, Final
+
+import msgspec
+import redis.asyncio
+
+from shared import BadInput, Settings
+from shared.queue import Keys, as_text, redis_errors, shard_of
+from workers import STATE_VERSION, DatasetState, read_in_flight
+
+SCAN_COUNT: Final = 500
+"""The COUNT hint of each HSCAN (a hash of up to 128 fields, stored compactly, answers whole)."""
+SCAN_CALLS: Final = 32
+"""HSCANs per page at most: a page examines about ``SCAN_CALLS * SCAN_COUNT`` fields at most."""
+MAX_LIMIT: Final = 1000
+"""The largest page (``limit``)."""
+DEFAULT_LIMIT: Final = 100
+
+PENDING: Final = frozenset({"waiting", "committing", "aborting", "blocked"})
+"""Statuses of datasets waiting for tasks, for their commit or abort, or blocked (``state=pending``)."""
+STATES: Final = frozenset(
+    {"pending", "open", "waiting", "committing", "aborting", "queued", "running", "retrying", "blocked"}
+    | {"quarantined", "committed", "aborted"}
+)
+"""The values of the ``state`` filter: a status, a state of a commit or abort under way
+(queued / running / retrying), or ``pending``."""
+
+_dec = msgspec.json.Decoder(DatasetState)
+
+
+class OpenWorkFilter(msgspec.Struct, frozen=True, kw_only=True):
+    """Which open work to list (None = any): the job, the dataset (exact), a dataset name prefix,
+    a state (see :data:`STATES`), a shard."""
+
+    job: str | None = None
+    dataset: str | None = None
+    prefix: str | None = None
+    state: str | None = None
+    shard: int | None = None
+
+
+class OpenWorkPage(msgspec.Struct, frozen=True):
+    """One page: ``items`` (dataset, job, shard, status, state, reason) and the cursor of the next
+    page (None: there is none)."""
+
+    items: list[dict[str, Any]]
+    next: str | None
+
+
+class _Cursor(msgspec.Struct, array_like=True, frozen=True):
+    shard: int
+    scan: int  # the HSCAN cursor of the reply to (re)read
+    after: str | None  # the last field taken from that reply (None: none yet)
+
+
+_cursor_dec = msgspec.json.Decoder(_Cursor)
+_enc = msgspec.json.Encoder()
+
+
+def glob_escape(text: str) -> str:
+    """Return ``text`` with Redis glob characters (``* ? [ ] \\``) escaped, to match it literally."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
+def _encode_cursor(c: _Cursor) -> str:
+    return base64.urlsafe_b64encode(_enc.encode(c)).decode("ascii").rstrip("=")
+
+
+def _decode_cursor(text: str, shards: Iterable[int]) -> _Cursor:
+    try:
+        c = _cursor_dec.decode(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
+    except (ValueError, msgspec.DecodeError, msgspec.ValidationError):
+        raise BadInput(f"cursor {text[:40]!r} is not one this API returned") from None
+    if c.shard not in set(shards) or c.scan < 0:
+        raise BadInput(f"cursor {text[:40]!r} does not fit this filter")
+    return c
+
+
+def check_filter(flt: OpenWorkFilter, shards: int) -> None:
+    """Return None when ``flt`` can match something in a fleet of ``shards`` shards.
+
+    Raises:
+        BadInput: an unknown state, or a shard out of range.
+    """
+    if flt.state is not None and flt.state not in STATES:
+        raise BadInput(f"unknown state {flt.state[:40]!r}; known: {', '.join(sorted(STATES))}")
+    if flt.shard is not None and not 0 <= flt.shard < shards:
+        raise BadInput(f"shard {flt.shard} is not one of the fleet's {shards}")
+
+
+def _shards(flt: OpenWorkFilter, shards: int) -> list[int]:
+    """Return the shards that can hold what ``flt`` names, in order."""
+    if flt.dataset is not None:
+        home = shard_of(flt.dataset, shards)
+        return [home] if flt.shard in (None, home) else []
+    return [flt.shard] if flt.shard is not None else list(range(shards))
+
+
+def _match(flt: OpenWorkFilter) -> str:
+    """Return the HSCAN MATCH pattern of ``flt``'s names (fields are ``<job>/<dataset>``)."""
+    job = glob_escape(flt.job) if flt.job is not None else "*"
+    if flt.dataset is not None:
+        return f"{job}/{glob_escape(flt.dataset)}"
+    return f"{job}/{glob_escape(flt.prefix or '')}*"
+
+
+def _wanted(flt: OpenWorkFilter, job: str, name: str) -> bool:
+    # MATCH does the work; this makes it exact whatever the pattern let through.
+    if flt.job is not None and job != flt.job:
+        return False
+    if flt.dataset is not None and name != flt.dataset:
+        return False
+    return flt.prefix is None or name.startswith(flt.prefix)
+
+
+def _item(shard: int, field: str, ds: DatasetState, flight: dict[tuple[str, str], str]) -> dict[str, Any]:
+    job, _, name = field.partition("/")
+    state: str = ds.status
+    if ds.status in ("committing", "aborting"):
+        # running or retrying when its owner works on it, else queued for a slot
+        state = flight.get((name, job), "queued")
+    return {
+        "dataset": name,
+        "job": job,
+        "shard": shard,
+        "status": ds.status,
+        "state": state,
+        "reason": ds.reason,
+    }
+
+
+def _state_matches(want: str | None, item: dict[str, Any]) -> bool:
+    if want is None:
+        return item["status"] not in ("committed", "aborted")
+    if want == "pending":
+        return item["status"] in PENDING
+    return want in (item["status"], item["state"])
+
+
+async def open_work_page(
+    r: redis.asyncio.Redis,
+    keys: Keys,
+    settings: Settings,
+    flt: OpenWorkFilter,
+    cursor: str | None,
+    limit: int = DEFAULT_LIMIT,
+) -> OpenWorkPage:
+    """Return one page of open work matching ``flt``, from ``cursor`` (None: the first page).
+
+    Open work is each dataset record of an open job (``state:datasets``) whose status is not
+    committed or aborted, unless ``flt.state`` asks for those. Items come shard by shard; a record
+    that does not decode is left out (``GET /status`` counts it among ``unreadable``).
+    ``settings.fleet.shards`` must be the fleet's count.
+
+    Raises:
+        BadInput: ``limit`` out of 1..:data:`MAX_LIMIT`, a cursor this API did not return for this
+            filter, an unknown state or a shard out of range.
+        TransientError: Redis unavailable.
+    """
+    shards = settings.fleet.shards
+    if shards < 1:
+        raise ValueError("open_work_page needs the fleet's shard count (settings.fleet.shards)")
+    if not 1 <= limit <= MAX_LIMIT:
+        raise BadInput(f"limit must be 1..{MAX_LIMIT}, got {limit}")
+    check_filter(flt, shards)
+    order = _shards(flt, shards)
+    if not order:
+        return OpenWorkPage([], None)
+    at = _decode_cursor(cursor, order) if cursor is not None else _Cursor(order[0], 0, None)
+    flight: dict[tuple[str, str], str] = {}
+    if flt.state in (None, "pending", "committing", "aborting", "queued", "running", "retrying"):
+        # Bounded by the owners' slots: tells a queued commit from a running one.
+        flight = {
+            (str(f.get("dataset")), str(f.get("job"))): str(f.get("state"))
+            for f in await read_in_flight(r, keys, shards)
+        }
+    if flt.job is not None and flt.dataset is not None:
+        return await _one(r, keys, order[0], flt, flight)
+    items: list[dict[str, Any]] = []
+    match = _match(flt)
+    left = order[order.index(at.shard) :]
+    scan, after = at.scan, at.after
+    calls = 0
+    while left and calls < SCAN_CALLS:
+        shard = left[0]
+        key = keys.shard_state(shard, "datasets")
+        with redis_errors("HSCAN open work"):
+            nxt, fields = await r.hscan(key, scan, match=match, count=SCAN_COUNT)
+        calls += 1
+        assert isinstance(fields, dict), "HSCAN without NOVALUES answers fields and values"
+        batch = sorted((as_text(f), v) for f, v in fields.items())
+        for field, raw in batch:
+            if after is not None and field <= after:
+                continue
+            job, _, name = field.partition("/")
+            if not _wanted(flt, job, name):
+                continue
+            try:
+                ds = _dec.decode(raw)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                continue
+            if ds.v != STATE_VERSION:
+                continue
+            item = _item(shard, field, ds, flight)
+            if not _state_matches(flt.state, item):
+                continue
+            items.append(item)
+            if len(items) == limit:
+                rest = any(f > field for f, _ in batch)
+                if rest:
+                    return OpenWorkPage(items, _encode_cursor(_Cursor(shard, scan, field)))
+                break
+        after = None
+        if nxt == 0:
+            left = left[1:]
+            scan = 0
+        else:
+            scan = int(nxt)
+        if len(items) == limit:
+            break
+    if not left:
+        return OpenWorkPage(items, None)
+    return OpenWorkPage(items, _encode_cursor(_Cursor(left[0], scan, None)))
+
+
+async def _one(
+    r: redis.asyncio.Redis, keys: Keys, shard: int, flt: OpenWorkFilter, flight: dict[tuple[str, str], str]
+) -> OpenWorkPage:
+    """Return the page of the one dataset record ``flt`` names (job and dataset), if open."""
+    assert flt.job is not None and flt.dataset is not None
+    field = f"{flt.job}/{flt.dataset}"
+    with redis_errors("HGET open work"):
+        raw = await r.hget(keys.shard_state(shard, "datasets"), field)
+    if raw is None:
+        return OpenWorkPage([], None)
+    try:
+        ds = _dec.decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return OpenWorkPage([], None)
+    item = _item(shard, field, ds, flight)
+    return OpenWorkPage([item] if ds.v == STATE_VERSION and _state_matches(flt.state, item) else [], None)
+
+
+__all__ = [
+    "DEFAULT_LIMIT",
+    "MAX_LIMIT",
+    "PENDING",
+    "STATES",
+    "OpenWorkFilter",
+    "OpenWorkPage",
+    "check_filter",
+    "glob_escape",
+    "open_work_page",
+]
