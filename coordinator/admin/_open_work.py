@@ -1,4 +1,4 @@
-"""Open work, one page at a time: the datasets of open jobs, filtered, read with HSCAN.
+"""Open work, one page at a time: the datasets of open jobs, filtered, and the open jobs, read with HSCAN.
 
 ``GET /status/datasets``, ``commitfleet status`` (its first page, ``--all``) and the console's
 pending table read open work through :func:`open_work_page`. Each call's Redis work and memory
@@ -18,7 +18,8 @@ Kept free of aiohttp and the commit core: the CLI imports it.
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterable
+import functools
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Final
 
 import msgspec
@@ -26,7 +27,7 @@ import redis.asyncio
 
 from shared import BadInput, Settings
 from shared.queue import Keys, as_text, redis_errors, shard_of
-from workers import STATE_VERSION, DatasetState, read_in_flight
+from workers import STATE_VERSION, DatasetState, JobMeta, read_in_flight
 
 SCAN_COUNT: Final = 500
 """The COUNT hint of each HSCAN (a hash of up to 128 fields, stored compactly, answers whole)."""
@@ -35,6 +36,11 @@ SCAN_CALLS: Final = 32
 MAX_LIMIT: Final = 1000
 """The largest page (``limit``)."""
 DEFAULT_LIMIT: Final = 100
+JOBS_MAX_LIMIT: Final = 200
+"""The largest page of open jobs."""
+JOB_SCAN_COUNT: Final = 100
+JOB_SCAN_CALLS: Final = 4
+"""A page of open jobs reads at most ``JOB_SCAN_CALLS`` HSCANs of ``JOB_SCAN_COUNT``."""
 
 PENDING: Final = frozenset({"waiting", "committing", "aborting", "blocked"})
 """Statuses of datasets waiting for tasks, for their commit or abort, or blocked (``state=pending``)."""
@@ -46,6 +52,7 @@ STATES: Final = frozenset(
 (queued / running / retrying), or ``pending``."""
 
 _dec = msgspec.json.Decoder(DatasetState)
+_meta_dec = msgspec.json.Decoder(JobMeta)
 
 
 class OpenWorkFilter(msgspec.Struct, frozen=True, kw_only=True):
@@ -196,22 +203,11 @@ async def open_work_page(
         }
     if flt.job is not None and flt.dataset is not None:
         return await _one(r, keys, order[0], flt, flight)
-    items: list[dict[str, Any]] = []
-    match = _match(flt)
-    left = order[order.index(at.shard) :]
-    scan, after = at.scan, at.after
-    calls = 0
-    while left and calls < SCAN_CALLS:
-        shard = left[0]
-        key = keys.shard_state(shard, "datasets")
-        with redis_errors("HSCAN open work"):
-            nxt, fields = await r.hscan(key, scan, match=match, count=SCAN_COUNT)
-        calls += 1
-        assert isinstance(fields, dict), "HSCAN without NOVALUES answers fields and values"
-        batch = sorted((as_text(f), v) for f, v in fields.items())
+    dataset_key = functools.partial(keys.shard_state, name="datasets")
+
+    async def take(shard: int, batch: list[tuple[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+        out: list[tuple[str, dict[str, Any]]] = []
         for field, raw in batch:
-            if after is not None and field <= after:
-                continue
             job, _, name = field.partition("/")
             if not _wanted(flt, job, name):
                 continue
@@ -219,28 +215,122 @@ async def open_work_page(
                 ds = _dec.decode(raw)
             except (msgspec.DecodeError, msgspec.ValidationError):
                 continue
-            if ds.v != STATE_VERSION:
-                continue
             item = _item(shard, field, ds, flight)
-            if not _state_matches(flt.state, item):
-                continue
-            items.append(item)
-            if len(items) == limit:
-                rest = any(f > field for f, _ in batch)
-                if rest:
-                    return OpenWorkPage(items, _encode_cursor(_Cursor(shard, scan, field)))
-                break
+            if ds.v == STATE_VERSION and _state_matches(flt.state, item):
+                out.append((field, item))
+        return out
+
+    return await _scan_page(r, dataset_key, order, at, _match(flt), limit, take)
+
+
+Take = Callable[[int, list[tuple[str, Any]]], Awaitable[list[tuple[str, dict[str, Any]]]]]
+"""Turns one HSCAN reply of a shard (fields after the cursor's, in field order) into the items it
+holds, each with its field, in field order."""
+
+
+async def _scan_page(
+    r: redis.asyncio.Redis,
+    key_of: Callable[[int], str],
+    order: list[int],
+    at: _Cursor,
+    match: str,
+    limit: int,
+    take: Take,
+    *,
+    count: int = SCAN_COUNT,
+    calls: int = SCAN_CALLS,
+) -> OpenWorkPage:
+    """Return up to ``limit`` items of the hashes ``key_of(shard)``, shard by shard in ``order``
+    from ``at``, with at most ``calls`` HSCANs of ``count``; the cursor says where the next page starts.
+
+    Raises:
+        TransientError: Redis unavailable.
+    """
+    items: list[dict[str, Any]] = []
+    left = order[order.index(at.shard) :]
+    scan, after = at.scan, at.after
+    while left and calls > 0 and len(items) < limit:
+        shard = left[0]
+        with redis_errors("HSCAN open work"):
+            nxt, fields = await r.hscan(key_of(shard), scan, match=match, count=count)
+        calls -= 1
+        assert isinstance(fields, dict), "HSCAN without NOVALUES answers fields and values"
+        batch = sorted(
+            (f, v) for f, v in ((as_text(f), v) for f, v in fields.items()) if after is None or f > after
+        )
+        got = await take(shard, batch)
+        room = limit - len(items)
+        if len(got) > room:
+            # The page ends inside this reply: the next one reads it again, after the last field taken.
+            items += [item for _, item in got[:room]]
+            return OpenWorkPage(items, _encode_cursor(_Cursor(shard, scan, got[room - 1][0])))
+        items += [item for _, item in got]
         after = None
         if nxt == 0:
-            left = left[1:]
-            scan = 0
+            left, scan = left[1:], 0
         else:
             scan = int(nxt)
-        if len(items) == limit:
-            break
     if not left:
         return OpenWorkPage(items, None)
     return OpenWorkPage(items, _encode_cursor(_Cursor(left[0], scan, None)))
+
+
+async def open_jobs_page(
+    r: redis.asyncio.Redis, keys: Keys, settings: Settings, cursor: str | None, limit: int = DEFAULT_LIMIT
+) -> OpenWorkPage:
+    """Return one page of open jobs, from ``cursor`` (None: the first page): each job once, as
+    ``{job, shards, opened_at, deadline}`` (``shards``: those holding a record of it).
+
+    A job is listed with the lowest shard that holds it: each job record read costs one HEXISTS
+    per other shard (pipelined), so a page reads at most :data:`JOB_SCAN_CALLS` HSCANs of
+    :data:`JOB_SCAN_COUNT` job records; ``limit`` is 1..:data:`JOBS_MAX_LIMIT`. A record that does
+    not decode is left out (``GET /status`` lists it among ``unreadable``).
+
+    Raises:
+        BadInput: ``limit`` out of range, or a cursor this API did not return.
+        TransientError: Redis unavailable.
+    """
+    shards = settings.fleet.shards
+    if shards < 1:
+        raise ValueError("open_jobs_page needs the fleet's shard count (settings.fleet.shards)")
+    if not 1 <= limit <= JOBS_MAX_LIMIT:
+        raise BadInput(f"limit must be 1..{JOBS_MAX_LIMIT}, got {limit}")
+    order = list(range(shards))
+    at = _decode_cursor(cursor, order) if cursor is not None else _Cursor(0, 0, None)
+    jobs_key = functools.partial(keys.shard_state, name="jobs")
+
+    async def take(shard: int, batch: list[tuple[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+        metas: list[tuple[str, JobMeta]] = []
+        for field, raw in batch:
+            try:
+                metas.append((field, _meta_dec.decode(raw)))
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                continue
+        others = [s for s in order if s != shard]
+        with redis_errors("HEXISTS open jobs"):
+            async with r.pipeline(transaction=False) as pipe:
+                for field, _ in metas:
+                    for s in others:
+                        pipe.hexists(jobs_key(s), field)
+                held = await pipe.execute() if metas and others else []
+        out: list[tuple[str, dict[str, Any]]] = []
+        for i, (field, meta) in enumerate(metas):
+            on = sorted(
+                [shard]
+                + [s for s, h in zip(others, held[i * len(others) : (i + 1) * len(others)], strict=True) if h]
+            )
+            if on[0] == shard:
+                out.append(
+                    (
+                        field,
+                        {"job": field, "shards": on, "opened_at": meta.opened_at, "deadline": meta.deadline},
+                    )
+                )
+        return out
+
+    return await _scan_page(
+        r, jobs_key, order, at, "*", limit, take, count=JOB_SCAN_COUNT, calls=JOB_SCAN_CALLS
+    )
 
 
 async def _one(
@@ -263,6 +353,7 @@ async def _one(
 
 __all__ = [
     "DEFAULT_LIMIT",
+    "JOBS_MAX_LIMIT",
     "MAX_LIMIT",
     "PENDING",
     "STATES",
@@ -270,5 +361,6 @@ __all__ = [
     "OpenWorkPage",
     "check_filter",
     "glob_escape",
+    "open_jobs_page",
     "open_work_page",
 ]
