@@ -26,8 +26,11 @@ from workers import COUNTS, READS, STATE_VERSION, STATUSES, JobMeta, read_in_fli
 
 QUARANTINED_SHOWN: Final = 100
 """Quarantined sequences listed in the summary at most (``totals.quarantined`` counts them all)."""
-UNREADABLE_SHOWN: Final = 100
+UNREADABLE_SHOWN: Final = 20
 """Unreadable job records listed at most (``unreadable_count`` counts them all)."""
+TEXT_SHOWN: Final = 300
+"""Characters of a quarantine reason or a decoding error the summary keeps (the summary stays
+well under 100 KB: 100 reasons of 300 characters, whatever the open work)."""
 
 _meta_dec = msgspec.json.Decoder(JobMeta)
 
@@ -80,7 +83,12 @@ class OpenJobs:
                         bad += 1
                         if len(unreadable) < UNREADABLE_SHOWN:
                             unreadable.append(
-                                {"shard": shard, "key": key, "field": as_text(field), "error": str(exc)[:500]}
+                                {
+                                    "shard": shard,
+                                    "key": key,
+                                    "field": as_text(field),
+                                    "error": str(exc)[:TEXT_SHOWN],
+                                }
                             )
                         continue
                     names.add(meta.job)
@@ -232,7 +240,7 @@ async def fleet_summary(
             # Recorded by the shard's owner from the WAL it walked at its session start.
             name, _, job = as_text(field).partition("/")
             if len(quarantined) < QUARANTINED_SHOWN:
-                quarantined.append({"dataset": name, "job": job, "reason": as_text(reason)})
+                quarantined.append({"dataset": name, "job": job, "reason": as_text(reason)[:TEXT_SHOWN]})
     totals["open_jobs"] = distinct
     counters = {as_text(k): as_text(v) for k, v in counters_raw.items()}
     for k, v in outcome_counts.items():
