@@ -231,7 +231,9 @@ async def fill(args: argparse.Namespace, settings: Settings, r: redis.asyncio.Re
                     state_since=now,
                     attempts=1,
                 )
-                await o.board.put(work_label(("commit", meta.job, name)), rec)
+                o.board.put(work_label(("commit", meta.job, name)), rec)
+    for o in owners:
+        await o.board.flush()
     for s in range(shards):
         await trim_acknowledged(r, keys.events(s))
 
