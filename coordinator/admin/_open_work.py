@@ -9,8 +9,10 @@ cursor to go on with.
 The cursor is opaque to callers: the shard, the HSCAN cursor of the reply the page stopped in
 and the last field taken from that reply (a reply's matches are taken in field order, so that
 the same reply read again continues where the page stopped). Over a state that does not change,
-the pages return each entry exactly once; an entry present from the first page to the last is
-returned at least once (HSCAN's guarantee: a hash that shrinks meanwhile may repeat one).
+the pages return each entry exactly once. While it changes, an entry present from the first page
+to the last is returned at least once (HSCAN's guarantee; a resized hash may repeat one), except
+when the hash shrinks between two pages that split one reply: the reply read again then covers
+more buckets, and those of its entries that sort before the page's last field are skipped.
 
 Kept free of aiohttp and the commit core: the CLI imports it.
 """
@@ -176,7 +178,7 @@ async def open_work_page(
 
     Open work is each dataset record of an open job (``state:datasets``) whose status is not
     committed or aborted, unless ``flt.state`` asks for those. Items come shard by shard; a record
-    that does not decode is left out (``GET /status`` counts it among ``unreadable``).
+    that does not decode is left out (its shard's owner sets the shard aside when it loads it).
     ``settings.fleet.shards`` must be the fleet's count.
 
     Raises:
