@@ -207,9 +207,11 @@ async def open_work_page(
         return await _one(r, keys, order[0], flt, flight)
     dataset_key = functools.partial(keys.shard_state, name="datasets")
 
-    async def take(shard: int, batch: list[tuple[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    async def take(shard: int, batch: list[tuple[str, Any]], room: int) -> list[tuple[str, dict[str, Any]]]:
         out: list[tuple[str, dict[str, Any]]] = []
         for field, raw in batch:
+            if len(out) > room:
+                break
             job, _, name = field.partition("/")
             if not _wanted(flt, job, name):
                 continue
@@ -225,9 +227,10 @@ async def open_work_page(
     return await _scan_page(r, dataset_key, order, at, _match(flt), limit, take)
 
 
-Take = Callable[[int, list[tuple[str, Any]]], Awaitable[list[tuple[str, dict[str, Any]]]]]
+Take = Callable[[int, list[tuple[str, Any]], int], Awaitable[list[tuple[str, dict[str, Any]]]]]
 """Turns one HSCAN reply of a shard (fields after the cursor's, in field order) into the items it
-holds, each with its field, in field order."""
+holds, each with its field, in field order: at least the first ``room`` + 1 of them (all when fewer),
+so that the page knows whether it ends inside the reply."""
 
 
 async def _scan_page(
@@ -260,8 +263,8 @@ async def _scan_page(
         batch = sorted(
             (f, v) for f, v in ((as_text(f), v) for f, v in fields.items()) if after is None or f > after
         )
-        got = await take(shard, batch)
         room = limit - len(items)
+        got = await take(shard, batch, room)
         if len(got) > room:
             # The page ends inside this reply: the next one reads it again, after the last field taken.
             items += [item for _, item in got[:room]]
@@ -283,9 +286,10 @@ async def open_jobs_page(
     """Return one page of open jobs, from ``cursor`` (None: the first page): each job once, as
     ``{job, shards, opened_at, deadline}`` (``shards``: those holding a record of it).
 
-    A job is listed with the lowest shard that holds it: each job record read costs one HEXISTS
-    per other shard (pipelined), so a page reads at most :data:`JOB_SCAN_CALLS` HSCANs of
-    :data:`JOB_SCAN_COUNT` job records; ``limit`` is 1..:data:`JOBS_MAX_LIMIT`. A record that does
+    A job is listed with the lowest shard that holds it: a job record read on shard s costs one
+    HEXISTS per lower shard, and a job listed one per higher shard (pipelined); a page reads at
+    most :data:`JOB_SCAN_CALLS` HSCANs of :data:`JOB_SCAN_COUNT` job records; ``limit`` is
+    1..:data:`JOBS_MAX_LIMIT`. A record that does
     not decode is left out (``GET /status`` lists it among ``unreadable``).
 
     Raises:
@@ -301,38 +305,54 @@ async def open_jobs_page(
     at = _decode_cursor(cursor, order) if cursor is not None else _Cursor(0, 0, None)
     jobs_key = functools.partial(keys.shard_state, name="jobs")
 
-    async def take(shard: int, batch: list[tuple[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    async def take(shard: int, batch: list[tuple[str, Any]], room: int) -> list[tuple[str, dict[str, Any]]]:
         metas: list[tuple[str, JobMeta]] = []
         for field, raw in batch:
             try:
                 metas.append((field, _meta_dec.decode(raw)))
             except (msgspec.DecodeError, msgspec.ValidationError):
                 continue
-        others = [s for s in order if s != shard]
-        with redis_errors("HEXISTS open jobs"):
-            async with r.pipeline(transaction=False) as pipe:
-                for field, _ in metas:
-                    for s in others:
-                        pipe.hexists(jobs_key(s), field)
-                held = await pipe.execute() if metas and others else []
-        out: list[tuple[str, dict[str, Any]]] = []
-        for i, (field, meta) in enumerate(metas):
-            on = sorted(
-                [shard]
-                + [s for s, h in zip(others, held[i * len(others) : (i + 1) * len(others)], strict=True) if h]
+        # A job is listed with its lowest shard: one HEXISTS per lower shard tells (none on shard 0).
+        lower = order[: order.index(shard)]
+        held = await _held(r, [jobs_key(s) for s in lower], [field for field, _ in metas])
+        first = [m for m, on_lower in zip(metas, held, strict=True) if not any(on_lower)][: room + 1]
+        # Its other shards, for those on this page only.
+        higher = order[order.index(shard) + 1 :]
+        held = await _held(r, [jobs_key(s) for s in higher], [field for field, _ in first])
+        return [
+            (
+                field,
+                {
+                    "job": field,
+                    "shards": [shard, *(s for s, h in zip(higher, on, strict=True) if h)],
+                    "opened_at": meta.opened_at,
+                    "deadline": meta.deadline,
+                },
             )
-            if on[0] == shard:
-                out.append(
-                    (
-                        field,
-                        {"job": field, "shards": on, "opened_at": meta.opened_at, "deadline": meta.deadline},
-                    )
-                )
-        return out
+            for (field, meta), on in zip(first, held, strict=True)
+        ]
 
     return await _scan_page(
         r, jobs_key, order, at, "*", limit, take, count=JOB_SCAN_COUNT, calls=JOB_SCAN_CALLS
     )
+
+
+async def _held(r: redis.asyncio.Redis, keys: list[str], fields: list[str]) -> list[list[bool]]:
+    """Return, per field, whether each of ``keys`` (hashes) holds it: one pipelined HEXISTS each.
+
+    Raises:
+        TransientError: Redis unavailable.
+    """
+    if not keys or not fields:
+        return [[False] * len(keys) for _ in fields]
+    with redis_errors("HEXISTS open jobs"):
+        async with r.pipeline(transaction=False) as pipe:
+            for field in fields:
+                for key in keys:
+                    pipe.hexists(key, field)
+            replies = await pipe.execute()
+    n = len(keys)
+    return [[bool(h) for h in replies[i * n : (i + 1) * n]] for i in range(len(fields))]
 
 
 async def _one(
