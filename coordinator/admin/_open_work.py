@@ -286,8 +286,8 @@ async def open_jobs_page(
     """Return one page of open jobs, from ``cursor`` (None: the first page): each job once, as
     ``{job, shards, opened_at, deadline}`` (``shards``: those holding a record of it).
 
-    A job is listed with the lowest shard that holds it: a job record read on shard s costs one
-    HEXISTS per lower shard, and a job listed one per higher shard (pipelined); a page reads at
+    A job is listed with the lowest shard that holds it: the job records read on shard s cost one
+    HMGET per lower shard, and the jobs listed one per higher shard (pipelined); a page reads at
     most :data:`JOB_SCAN_CALLS` HSCANs of :data:`JOB_SCAN_COUNT` job records; ``limit`` is
     1..:data:`JOBS_MAX_LIMIT`. A record that does
     not decode is left out (``GET /status`` lists it among ``unreadable``).
@@ -312,7 +312,7 @@ async def open_jobs_page(
                 metas.append((field, _meta_dec.decode(raw)))
             except (msgspec.DecodeError, msgspec.ValidationError):
                 continue
-        # A job is listed with its lowest shard: one HEXISTS per lower shard tells (none on shard 0).
+        # A job is listed with its lowest shard: one HMGET per lower shard tells (none on shard 0).
         lower = order[: order.index(shard)]
         held = await _held(r, [jobs_key(s) for s in lower], [field for field, _ in metas])
         first = [m for m, on_lower in zip(metas, held, strict=True) if not any(on_lower)][: room + 1]
@@ -338,21 +338,20 @@ async def open_jobs_page(
 
 
 async def _held(r: redis.asyncio.Redis, keys: list[str], fields: list[str]) -> list[list[bool]]:
-    """Return, per field, whether each of ``keys`` (hashes) holds it: one pipelined HEXISTS each.
+    """Return, per field, whether each of ``keys`` (hashes) holds it: one pipelined HMGET per key
+    (a command per shard, not per record and shard).
 
     Raises:
         TransientError: Redis unavailable.
     """
     if not keys or not fields:
         return [[False] * len(keys) for _ in fields]
-    with redis_errors("HEXISTS open jobs"):
+    with redis_errors("HMGET open jobs"):
         async with r.pipeline(transaction=False) as pipe:
-            for field in fields:
-                for key in keys:
-                    pipe.hexists(key, field)
+            for key in keys:
+                pipe.hmget(key, fields)
             replies = await pipe.execute()
-    n = len(keys)
-    return [[bool(h) for h in replies[i * n : (i + 1) * n]] for i in range(len(fields))]
+    return [[reply[i] is not None for reply in replies] for i in range(len(fields))]
 
 
 async def _one(
