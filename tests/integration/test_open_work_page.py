@@ -19,9 +19,10 @@ from workers import DatasetState, JobMeta
 
 SHARDS = 4
 STATUSES = ("open", "waiting", "committing", "aborting", "blocked", "quarantined", "committed", "aborted")
-# Job ids are [A-Za-z0-9_.-]; dataset names may hold any of * ? [ ] (not / or \).
-JOBS = ("j1", "j.2", "J-3_x", "jx")
-STEMS = ("a*b", "a?c", "[ab]", "a[", "]z", "ab", "a", "x*", "*", "?", "a.b", "ab*[?]")
+# Job ids are [A-Za-z0-9_.-] and dataset names may hold * ? [ ] (not / or \\) when they come through
+# the queue; a record written by hand may hold anything but a "/" in its job: these hold all of them.
+JOBS = ("j1", "j.2", "J-3_x", "jx", "j*", "j?[1]\\")
+STEMS = ("a*b", "a?c", "[ab]", "a[", "]z", "ab", "a", "x*", "*", "?", "a.b", "ab*[?]", "a\\b", "\\")
 
 
 def _population(n: int, seed: int) -> dict[tuple[str, str], str]:
@@ -93,6 +94,9 @@ FILTERS = [
     OpenWorkFilter(dataset="a*b1"),
     OpenWorkFilter(dataset="[ab]"),
     OpenWorkFilter(dataset="*", job="j1"),
+    OpenWorkFilter(job="j*"),
+    OpenWorkFilter(job="j?[1]\\", prefix="a\\"),
+    OpenWorkFilter(prefix="\\"),
     OpenWorkFilter(state="waiting"),
     OpenWorkFilter(state="queued"),
     OpenWorkFilter(state="pending"),
