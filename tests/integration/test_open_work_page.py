@@ -19,8 +19,8 @@ from workers import DatasetState, JobMeta
 
 SHARDS = 4
 STATUSES = ("open", "waiting", "committing", "aborting", "blocked", "quarantined", "committed", "aborted")
-# Job ids are [A-Za-z0-9_.-] and dataset names may hold * ? [ ] (not / or \\) when they come through
-# the queue; a record written by hand may hold anything but a "/" in its job: these hold all of them.
+# Job ids are [A-Za-z0-9_.-] and dataset names may hold * ? [ ] (not / or a backslash) when they come
+# through the queue; a record written by hand may hold anything but a "/" in its job: these hold all.
 JOBS = ("j1", "j.2", "J-3_x", "jx", "j*", "j?[1]\\")
 STEMS = ("a*b", "a?c", "[ab]", "a[", "]z", "ab", "a", "x*", "*", "?", "a.b", "ab*[?]", "a\\b", "\\")
 
