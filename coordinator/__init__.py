@@ -16,15 +16,15 @@ from shared import lazy_exports
 
 if TYPE_CHECKING:
     from ._coordinator import Coordinator, run_coordinator
-    from .admin import fleet_status
+    from .admin import fleet_summary
 
 _WHERE = {
     "Coordinator": "._coordinator",
     "run_coordinator": "._coordinator",
-    "fleet_status": ".admin._status",
+    "fleet_summary": ".admin._status",
 }
 
 __getattr__ = lazy_exports(__name__, _WHERE)
 
 
-__all__ = ["Coordinator", "fleet_status", "run_coordinator"]
+__all__ = ["Coordinator", "fleet_summary", "run_coordinator"]

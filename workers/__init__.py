@@ -12,16 +12,19 @@ from typing import TYPE_CHECKING
 from shared import lazy_exports
 
 if TYPE_CHECKING:
-    from ._core import READS, STATE_VERSION, DatasetState, JobMeta
+    from ._core import READS, STATE_VERSION, STATUSES, DatasetState, JobMeta
     from ._heap import tune_gc
     from ._inflight import read_in_flight
     from ._probe import Probe
+    from ._state_store import COUNTS
     from ._worker import Worker, run_worker
 
 _WHERE = {
     "read_in_flight": "._inflight",
     "READS": "._core",
     "STATE_VERSION": "._core",
+    "STATUSES": "._core",
+    "COUNTS": "._state_store",
     "DatasetState": "._core",
     "JobMeta": "._core",
     "Probe": "._probe",
@@ -34,8 +37,10 @@ __getattr__ = lazy_exports(__name__, _WHERE)
 
 
 __all__ = [
+    "COUNTS",
     "READS",
     "STATE_VERSION",
+    "STATUSES",
     "DatasetState",
     "JobMeta",
     "Probe",

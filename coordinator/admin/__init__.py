@@ -17,8 +17,8 @@ if TYPE_CHECKING:
     from ._filter import event_matches, event_types, filter_names
     from ._http import AdminServer
     from ._job_page import check_job_name, job_page
-    from ._open_work import OpenWorkFilter, OpenWorkPage, open_work_page
-    from ._status import fleet_status, get_status
+    from ._open_work import OpenWorkFilter, OpenWorkPage, open_jobs_page, open_work_page
+    from ._status import OpenJobs, fleet_summary, get_status
 
 _WHERE = {
     "AdminServer": "._http",
@@ -32,7 +32,9 @@ _WHERE = {
     "OpenWorkFilter": "._open_work",
     "OpenWorkPage": "._open_work",
     "open_work_page": "._open_work",
-    "fleet_status": "._status",
+    "open_jobs_page": "._open_work",
+    "fleet_summary": "._status",
+    "OpenJobs": "._status",
     "get_status": "._status",
 }
 
@@ -41,16 +43,18 @@ __getattr__ = lazy_exports(__name__, _WHERE)
 
 __all__ = [
     "AdminServer",
-    "check_dataset_name",
-    "check_job_name",
-    "dataset_page",
+    "OpenJobs",
     "OpenWorkFilter",
     "OpenWorkPage",
     "event_matches",
     "event_types",
     "filter_names",
-    "fleet_status",
+    "check_dataset_name",
+    "check_job_name",
+    "dataset_page",
+    "fleet_summary",
     "get_status",
     "job_page",
+    "open_jobs_page",
     "open_work_page",
 ]

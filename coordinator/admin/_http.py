@@ -2,7 +2,12 @@
 
 Routes:
 
-- ``GET /status``   the fleet's status document (see :func:`fleet_status`)
+- ``GET /status``   the fleet's status summary (see :func:`fleet_summary`): bounded by the
+  shards and workers, never by the open work
+- ``GET /status/datasets``  one page of open work (:func:`open_work_page`): query ``state``,
+  ``job``, ``prefix``, ``dataset``, ``shard``, ``limit`` (1..1000, 100), ``cursor``; answers
+  ``{"items": [...], "next": cursor or null}``
+- ``GET /status/jobs``  one page of open jobs (:func:`open_jobs_page`): ``limit`` (1..200), ``cursor``
 - ``GET /events``   server-sent events of the admin stream; query ``type``,
   ``dataset``, ``job`` filter; ``from`` (``$`` = from now, ``0`` = replay the
   capped stream) or the ``Last-Event-ID`` header resumes
@@ -73,7 +78,8 @@ from ._dataset_page import dataset_page
 from ._filter import event_matches, event_types, filter_names
 from ._job_page import EVENTS_DEFAULT, PAGE_DEFAULT, job_page
 from ._metrics import CONTENT_TYPE, FleetMetrics
-from ._status import fleet_status
+from ._open_work import DEFAULT_LIMIT, OpenWorkFilter, open_jobs_page, open_work_page
+from ._status import OpenJobs, fleet_summary
 from ._ui_auth import allowed_hosts, authorized, check_bind, host_allowed
 from ._ui_history import CommitHistory, window_start_id
 
@@ -129,6 +135,8 @@ _FILTER_PARAMS = ("type", "dataset", "job")
 _RECENT_PARAMS = frozenset({*_FILTER_PARAMS, "limit", "before"})
 _JOB_PARAMS = frozenset({"limit", "cursor", "events"})
 _DATASET_PARAMS = frozenset({"commits"})
+_WORK_PARAMS = frozenset({"state", "job", "dataset", "prefix", "shard", "limit", "cursor"})
+_JOBS_PARAMS = frozenset({"limit", "cursor"})
 
 
 def stream_id_ok(text: str) -> bool:
@@ -170,6 +178,7 @@ class AdminServer:
         # The status document, shared by the requests of STATUS_CACHE_S seconds.
         self._cached: tuple[float, dict[str, Any]] | None = None
         self._status_lock = asyncio.Lock()
+        self._open_jobs = OpenJobs()  # the distinct job count, kept while no job record moved
 
     def app(self) -> web.Application:
         """Return the aiohttp application (routes and guards)."""
@@ -177,6 +186,8 @@ class AdminServer:
         app.add_routes(
             [
                 web.get("/status", self._status),
+                web.get("/status/datasets", self._status_datasets),
+                web.get("/status/jobs", self._status_jobs),
                 web.get("/events", self._events),
                 web.get("/events/recent", self._recent),
                 web.get("/jobs/{job}", self._job),
@@ -334,17 +345,18 @@ class AdminServer:
             return web.json_response({"error": "request timed out"}, status=503)
 
     async def status_doc(self, *, fresh: bool = False) -> dict[str, Any]:
-        """Return the status document, at most STATUS_CACHE_S old (``fresh``: newly read).
+        """Return the status summary, at most STATUS_CACHE_S old (``fresh``: newly read).
 
-        Computed from the Redis state the workers keep (quarantines included),
-        never by listing the store: a request costs the same at any store size.
-        Concurrent requests wait for one computation. Raises TransientError.
+        Computed from the counts the workers keep in Redis (quarantines included),
+        never by listing the store or the open work: a request costs the same at any
+        store size and any amount of open work. Concurrent requests wait for one
+        computation. Raises TransientError.
         """
         async with self._status_lock:
             now = time.monotonic()
             if not fresh and self._cached is not None and now - self._cached[0] < STATUS_CACHE_S:
                 return self._cached[1]
-            doc = await fleet_status(self.r, self.keys, self.settings)
+            doc = await fleet_summary(self.r, self.keys, self.settings, self._open_jobs)
             doc["coordinator"] = {"id": self.coordinator_id, "leading": self.leading.is_set()}
             self._cached = (time.monotonic(), doc)
             return doc
@@ -355,6 +367,44 @@ class AdminServer:
         except TransientError as exc:
             return web.json_response({"error": str(exc)}, status=503)
         return web.Response(body=msgspec.json.encode(doc), content_type="application/json")
+
+    async def _status_datasets(self, request: web.Request) -> web.Response:
+        """Answer one page of open work (``GET /status/datasets``): 200, 400 on a bad query, 503."""
+        q = request.query
+        try:
+            _known(q, _WORK_PARAMS)
+            shard = _whole(q, "shard", 0, 1 << 20)
+            flt = OpenWorkFilter(
+                job=_single(q, "job") or None,
+                dataset=_single(q, "dataset") or None,
+                prefix=_single(q, "prefix") or None,
+                state=_single(q, "state") or None,
+                shard=shard,
+            )
+            limit = _whole(q, "limit", 1, 1 << 20)
+            page = await open_work_page(
+                self.r, self.keys, self.settings, flt, _single(q, "cursor") or None, limit or DEFAULT_LIMIT
+            )
+        except BadInput as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        except TransientError as exc:
+            return web.json_response({"error": str(exc)}, status=503)
+        return web.Response(body=msgspec.json.encode(page), content_type="application/json")
+
+    async def _status_jobs(self, request: web.Request) -> web.Response:
+        """Answer one page of open jobs (``GET /status/jobs``): 200, 400 on a bad query, 503."""
+        q = request.query
+        try:
+            _known(q, _JOBS_PARAMS)
+            limit = _whole(q, "limit", 1, 1 << 20)
+            page = await open_jobs_page(
+                self.r, self.keys, self.settings, _single(q, "cursor") or None, limit or DEFAULT_LIMIT
+            )
+        except BadInput as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        except TransientError as exc:
+            return web.json_response({"error": str(exc)}, status=503)
+        return web.Response(body=msgspec.json.encode(page), content_type="application/json")
 
     async def _health(self, _request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
@@ -411,9 +461,9 @@ class AdminServer:
         """
         q = request.query
         try:
-            _known_params(q, _JOB_PARAMS)
-            limit = _whole(q, "limit", PAGE_DEFAULT, 1, 1000)
-            events = _whole(q, "events", EVENTS_DEFAULT, 0, 100)
+            _known(q, _JOB_PARAMS)
+            limit = _whole_or(q, "limit", PAGE_DEFAULT, 1, 1000)
+            events = _whole_or(q, "events", EVENTS_DEFAULT, 0, 100)
             doc = await job_page(
                 self.r,
                 self.keys,
@@ -439,8 +489,8 @@ class AdminServer:
         """
         q = request.query
         try:
-            _known_params(q, _DATASET_PARAMS)
-            commits = _whole(q, "commits", 10, 1, 100)
+            _known(q, _DATASET_PARAMS)
+            commits = _whole_or(q, "commits", 10, 1, 100)
             doc = await dataset_page(
                 self.r,
                 self.keys,
@@ -528,25 +578,39 @@ def _single(q: Any, name: str) -> str | None:
     return str(values[0]) if values else None
 
 
-def _known_params(q: Any, known: frozenset[str]) -> None:
-    """Check that the query names only ``known`` parameters. Returns None; raises BadInput otherwise."""
-    unknown = sorted(set(q) - known)
+def _known(q: Any, params: frozenset[str]) -> None:
+    """Return None when every parameter of ``q`` is one of ``params``.
+
+    Raises:
+        BadInput: one is not (named, with the known ones).
+    """
+    unknown = sorted(set(q) - params)
     if unknown:
-        raise BadInput(f"unknown parameter {unknown[0][:40]!r}; known: {', '.join(sorted(known))}")
+        raise BadInput(f"unknown parameter {unknown[0][:40]!r}; known: {', '.join(sorted(params))}")
 
 
-def _whole(q: Any, name: str, default: int, low: int, high: int) -> int:
-    """Return the query's whole number ``name`` (``default`` when absent).
+def _whole(q: Any, name: str, low: int, high: int) -> int | None:
+    """Return the query's whole number ``name`` (None when absent or empty).
 
     Raises:
         BadInput: not a whole number from ``low`` to ``high``, or given twice.
     """
     text = _single(q, name)
-    if text is None:
-        return default
-    if not (text.isascii() and text.isdigit() and len(text) <= 6 and low <= int(text) <= high):
+    if not text:
+        return None
+    if not (text.isascii() and text.isdigit() and len(text) <= 9 and low <= int(text) <= high):
         raise BadInput(f"{name} {text[:40]!r}: give a whole number from {low} to {high}")
     return int(text)
+
+
+def _whole_or(q: Any, name: str, default: int, low: int, high: int) -> int:
+    """Return the query's whole number ``name``, ``default`` when absent or empty.
+
+    Raises:
+        BadInput: not a whole number from ``low`` to ``high``, or given twice.
+    """
+    value = _whole(q, name, low, high)
+    return default if value is None else value
 
 
 def _filter_query(q: Any) -> tuple[set[str], str | None, str | None]:

@@ -116,15 +116,16 @@ class _FleetCollector(Collector):
             c.add_metric([fleet], float(counters.get(name, 0)))
             yield c
         rows = status["shard_table"]
+        totals = status["totals"]
         gauges = {
             "commitfleet_workers": ("Live workers.", len(status["workers"])),
-            # open_jobs has a row per (job, shard): a job counts once however many shards it spans.
-            "commitfleet_open_jobs": (
-                "Jobs open in the shards' state.",
-                len({j["job"] for j in status["open_jobs"]}),
+            # totals: from the shards' counts (GET /status), never a walk of the open work.
+            "commitfleet_open_jobs": ("Jobs open in the shards' state.", totals["open_jobs"]),
+            "commitfleet_pending_datasets": (
+                "Datasets waiting or being committed.",
+                totals["waiting"] + totals["queued"] + totals["running"] + totals["blocked"],
             ),
-            "commitfleet_pending_datasets": ("Datasets waiting or being committed.", len(status["pending"])),
-            "commitfleet_quarantined_datasets": ("Quarantined commit sequences.", len(status["quarantined"])),
+            "commitfleet_quarantined_datasets": ("Quarantined commit sequences.", totals["quarantined"]),
             "commitfleet_lag_entries": ("Entries not yet read, all shards.", sum(r["lag"] for r in rows)),
             "commitfleet_pending_entries": ("Entries read, not acked.", sum(r["pending"] for r in rows)),
             "commitfleet_dead_letters": ("Dead-letter entries.", sum(r["dead_letters"] for r in rows)),

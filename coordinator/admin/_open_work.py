@@ -1,4 +1,4 @@
-"""Open work, one page at a time: the datasets of open jobs, filtered, read with HSCAN.
+"""Open work, one page at a time: the datasets of open jobs, filtered, and the open jobs, read with HSCAN.
 
 ``GET /status/datasets``, ``commitfleet status`` (its first page, ``--all``) and the console's
 pending table read open work through :func:`open_work_page`. Each call's Redis work and memory
@@ -9,8 +9,10 @@ cursor to go on with.
 The cursor is opaque to callers: the shard, the HSCAN cursor of the reply the page stopped in
 and the last field taken from that reply (a reply's matches are taken in field order, so that
 the same reply read again continues where the page stopped). Over a state that does not change,
-the pages return each entry exactly once; an entry present from the first page to the last is
-returned at least once (HSCAN's guarantee: a hash that shrinks meanwhile may repeat one).
+the pages return each entry exactly once. While it changes, an entry present from the first page
+to the last is returned at least once (HSCAN's guarantee; a resized hash may repeat one), except
+when the hash shrinks between two pages that split one reply: the reply read again then covers
+more buckets, and those of its entries that sort before the page's last field are skipped.
 
 Kept free of aiohttp and the commit core: the CLI imports it.
 """
@@ -18,7 +20,8 @@ Kept free of aiohttp and the commit core: the CLI imports it.
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterable
+import functools
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Final
 
 import msgspec
@@ -26,7 +29,7 @@ import redis.asyncio
 
 from shared import BadInput, Settings
 from shared.queue import Keys, as_text, redis_errors, shard_of
-from workers import STATE_VERSION, DatasetState, read_in_flight
+from workers import STATE_VERSION, DatasetState, JobMeta, read_in_flight
 
 SCAN_COUNT: Final = 500
 """The COUNT hint of each HSCAN (a hash of up to 128 fields, stored compactly, answers whole)."""
@@ -35,6 +38,11 @@ SCAN_CALLS: Final = 32
 MAX_LIMIT: Final = 1000
 """The largest page (``limit``)."""
 DEFAULT_LIMIT: Final = 100
+JOBS_MAX_LIMIT: Final = 200
+"""The largest page of open jobs."""
+JOB_SCAN_COUNT: Final = 100
+JOB_SCAN_CALLS: Final = 4
+"""A page of open jobs reads at most ``JOB_SCAN_CALLS`` HSCANs of ``JOB_SCAN_COUNT``."""
 
 PENDING: Final = frozenset({"waiting", "committing", "aborting", "blocked"})
 """Statuses of datasets waiting for tasks, for their commit or abort, or blocked (``state=pending``)."""
@@ -46,6 +54,7 @@ STATES: Final = frozenset(
 (queued / running / retrying), or ``pending``."""
 
 _dec = msgspec.json.Decoder(DatasetState)
+_meta_dec = msgspec.json.Decoder(JobMeta)
 
 
 class OpenWorkFilter(msgspec.Struct, frozen=True, kw_only=True):
@@ -169,7 +178,7 @@ async def open_work_page(
 
     Open work is each dataset record of an open job (``state:datasets``) whose status is not
     committed or aborted, unless ``flt.state`` asks for those. Items come shard by shard; a record
-    that does not decode is left out (``GET /status`` counts it among ``unreadable``).
+    that does not decode is left out (its shard's owner sets the shard aside when it loads it).
     ``settings.fleet.shards`` must be the fleet's count.
 
     Raises:
@@ -196,22 +205,13 @@ async def open_work_page(
         }
     if flt.job is not None and flt.dataset is not None:
         return await _one(r, keys, order[0], flt, flight)
-    items: list[dict[str, Any]] = []
-    match = _match(flt)
-    left = order[order.index(at.shard) :]
-    scan, after = at.scan, at.after
-    calls = 0
-    while left and calls < SCAN_CALLS:
-        shard = left[0]
-        key = keys.shard_state(shard, "datasets")
-        with redis_errors("HSCAN open work"):
-            nxt, fields = await r.hscan(key, scan, match=match, count=SCAN_COUNT)
-        calls += 1
-        assert isinstance(fields, dict), "HSCAN without NOVALUES answers fields and values"
-        batch = sorted((as_text(f), v) for f, v in fields.items())
+    dataset_key = functools.partial(keys.shard_state, name="datasets")
+
+    async def take(shard: int, batch: list[tuple[str, Any]], room: int) -> list[tuple[str, dict[str, Any]]]:
+        out: list[tuple[str, dict[str, Any]]] = []
         for field, raw in batch:
-            if after is not None and field <= after:
-                continue
+            if len(out) > room:
+                break
             job, _, name = field.partition("/")
             if not _wanted(flt, job, name):
                 continue
@@ -219,28 +219,139 @@ async def open_work_page(
                 ds = _dec.decode(raw)
             except (msgspec.DecodeError, msgspec.ValidationError):
                 continue
-            if ds.v != STATE_VERSION:
-                continue
             item = _item(shard, field, ds, flight)
-            if not _state_matches(flt.state, item):
-                continue
-            items.append(item)
-            if len(items) == limit:
-                rest = any(f > field for f, _ in batch)
-                if rest:
-                    return OpenWorkPage(items, _encode_cursor(_Cursor(shard, scan, field)))
-                break
+            if ds.v == STATE_VERSION and _state_matches(flt.state, item):
+                out.append((field, item))
+        return out
+
+    return await _scan_page(r, dataset_key, order, at, _match(flt), limit, take)
+
+
+Take = Callable[[int, list[tuple[str, Any]], int], Awaitable[list[tuple[str, dict[str, Any]]]]]
+"""Turns one HSCAN reply of a shard (fields after the cursor's, in field order) into the items it
+holds, each with its field, in field order: at least the first ``room`` + 1 of them (all when fewer),
+so that the page knows whether it ends inside the reply."""
+
+
+async def _scan_page(
+    r: redis.asyncio.Redis,
+    key_of: Callable[[int], str],
+    order: list[int],
+    at: _Cursor,
+    match: str,
+    limit: int,
+    take: Take,
+    *,
+    count: int = SCAN_COUNT,
+    calls: int = SCAN_CALLS,
+) -> OpenWorkPage:
+    """Return up to ``limit`` items of the hashes ``key_of(shard)``, shard by shard in ``order``
+    from ``at``, with at most ``calls`` HSCANs of ``count``; the cursor says where the next page starts.
+
+    Raises:
+        TransientError: Redis unavailable.
+    """
+    items: list[dict[str, Any]] = []
+    left = order[order.index(at.shard) :]
+    scan, after = at.scan, at.after
+    while left and calls > 0 and len(items) < limit:
+        shard = left[0]
+        with redis_errors("HSCAN open work"):
+            nxt, fields = await r.hscan(key_of(shard), scan, match=match, count=count)
+        calls -= 1
+        assert isinstance(fields, dict), "HSCAN without NOVALUES answers fields and values"
+        batch = sorted(
+            (f, v) for f, v in ((as_text(f), v) for f, v in fields.items()) if after is None or f > after
+        )
+        room = limit - len(items)
+        got = await take(shard, batch, room)
+        if len(got) > room:
+            # The page ends inside this reply: the next one reads it again, after the last field taken.
+            items += [item for _, item in got[:room]]
+            return OpenWorkPage(items, _encode_cursor(_Cursor(shard, scan, got[room - 1][0])))
+        items += [item for _, item in got]
         after = None
         if nxt == 0:
-            left = left[1:]
-            scan = 0
+            left, scan = left[1:], 0
         else:
             scan = int(nxt)
-        if len(items) == limit:
-            break
     if not left:
         return OpenWorkPage(items, None)
     return OpenWorkPage(items, _encode_cursor(_Cursor(left[0], scan, None)))
+
+
+async def open_jobs_page(
+    r: redis.asyncio.Redis, keys: Keys, settings: Settings, cursor: str | None, limit: int = DEFAULT_LIMIT
+) -> OpenWorkPage:
+    """Return one page of open jobs, from ``cursor`` (None: the first page): each job once, as
+    ``{job, shards, opened_at, deadline}`` (``shards``: those holding a record of it).
+
+    A job is listed with the lowest shard that holds it: the job records read on shard s cost one
+    HMGET per lower shard, and the jobs listed one per higher shard (pipelined); a page reads at
+    most :data:`JOB_SCAN_CALLS` HSCANs of :data:`JOB_SCAN_COUNT` job records; ``limit`` is
+    1..:data:`JOBS_MAX_LIMIT`. A record that does
+    not decode is left out (``GET /status`` lists it among ``unreadable``).
+
+    Raises:
+        BadInput: ``limit`` out of range, or a cursor this API did not return.
+        TransientError: Redis unavailable.
+    """
+    shards = settings.fleet.shards
+    if shards < 1:
+        raise ValueError("open_jobs_page needs the fleet's shard count (settings.fleet.shards)")
+    if not 1 <= limit <= JOBS_MAX_LIMIT:
+        raise BadInput(f"limit must be 1..{JOBS_MAX_LIMIT}, got {limit}")
+    order = list(range(shards))
+    at = _decode_cursor(cursor, order) if cursor is not None else _Cursor(0, 0, None)
+    jobs_key = functools.partial(keys.shard_state, name="jobs")
+
+    async def take(shard: int, batch: list[tuple[str, Any]], room: int) -> list[tuple[str, dict[str, Any]]]:
+        metas: list[tuple[str, JobMeta]] = []
+        for field, raw in batch:
+            try:
+                metas.append((field, _meta_dec.decode(raw)))
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                continue
+        # A job is listed with its lowest shard: one HMGET per lower shard tells (none on shard 0).
+        lower = order[: order.index(shard)]
+        held = await _held(r, [jobs_key(s) for s in lower], [field for field, _ in metas])
+        first = [m for m, on_lower in zip(metas, held, strict=True) if not any(on_lower)][: room + 1]
+        # Its other shards, for those on this page only.
+        higher = order[order.index(shard) + 1 :]
+        held = await _held(r, [jobs_key(s) for s in higher], [field for field, _ in first])
+        return [
+            (
+                field,
+                {
+                    "job": field,
+                    "shards": [shard, *(s for s, h in zip(higher, on, strict=True) if h)],
+                    "opened_at": meta.opened_at,
+                    "deadline": meta.deadline,
+                },
+            )
+            for (field, meta), on in zip(first, held, strict=True)
+        ]
+
+    return await _scan_page(
+        r, jobs_key, order, at, "*", limit, take, count=JOB_SCAN_COUNT, calls=JOB_SCAN_CALLS
+    )
+
+
+async def _held(r: redis.asyncio.Redis, keys: list[str], fields: list[str]) -> list[list[bool]]:
+    """Return, per field, whether each of ``keys`` (hashes) holds it: one pipelined HMGET per key
+    (a command per shard, not per record and shard).
+
+    Raises:
+        TransientError: Redis unavailable.
+    """
+    if not keys or not fields:
+        return [[False] * len(keys) for _ in fields]
+    with redis_errors("HMGET open jobs"):
+        async with r.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.hmget(key, fields)
+            replies = await pipe.execute()
+    return [[reply[i] is not None for reply in replies] for i in range(len(fields))]
 
 
 async def _one(
@@ -263,6 +374,7 @@ async def _one(
 
 __all__ = [
     "DEFAULT_LIMIT",
+    "JOBS_MAX_LIMIT",
     "MAX_LIMIT",
     "PENDING",
     "STATES",
@@ -270,5 +382,6 @@ __all__ = [
     "OpenWorkPage",
     "check_filter",
     "glob_escape",
+    "open_jobs_page",
     "open_work_page",
 ]

@@ -1,4 +1,5 @@
-"""The fleet's status, read from Redis (and the store's ``_wal/``): one JSON-able document.
+"""The fleet's status summary, read from Redis: one JSON-able document whose size and cost do not
+grow with the open work (the open work itself is paged: ``_open_work.py``).
 
 Used by the admin API (``GET /status``), the CLI (``commitfleet status``) and
 the Prometheus metrics.
@@ -12,7 +13,7 @@ command answers in about the time Python, Typer and redis-py take to start
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Final
 
 import msgspec
 import redis.asyncio
@@ -20,52 +21,108 @@ import redis.exceptions as rx
 
 from shared import Settings
 from shared.fleet import FleetRegistry
-from shared.queue import DEFAULT_GROUP, Keys, as_text, connect, existing_fleet, redis_errors, shard_of
-from workers import READS, STATE_VERSION, DatasetState, JobMeta, read_in_flight
+from shared.queue import DEFAULT_GROUP, Keys, as_text, connect, existing_fleet, redis_errors
+from workers import COUNTS, READS, STATE_VERSION, STATUSES, JobMeta, read_in_flight
 
-if TYPE_CHECKING:
-    from shared.storage import ObjectStore
+QUARANTINED_SHOWN: Final = 100
+"""Quarantined sequences listed in the summary at most (``totals.quarantined`` counts them all)."""
+UNREADABLE_SHOWN: Final = 20
+"""Unreadable job records listed at most (``unreadable_count`` counts them all)."""
+TEXT_SHOWN: Final = 300
+"""Characters of a quarantine reason or a decoding error the summary keeps (the summary stays
+well under 100 KB: 100 reasons of 300 characters, whatever the open work)."""
 
 _meta_dec = msgspec.json.Decoder(JobMeta)
-_dataset_dec = msgspec.json.Decoder(DatasetState)
 
 
-def _datasets_of_jobs(
-    fields: dict[Any, Any], shard: int, keys: Keys, unreadable: list[dict[str, Any]]
-) -> dict[str, dict[str, DatasetState]]:
-    """Return job -> its datasets' records from a shard's ``state:datasets`` hash (state v2);
-    a record that does not decode, or of another version, is added to ``unreadable``."""
-    out: dict[str, dict[str, DatasetState]] = {}
-    for field, raw in fields.items():
-        job, _, name = as_text(field).partition("/")
-        try:
-            ds = _dataset_dec.decode(raw)
-            if ds.v != STATE_VERSION:
-                raise msgspec.ValidationError(f"state record version {ds.v}, this reads {STATE_VERSION}")
-        except (msgspec.DecodeError, msgspec.ValidationError, UnicodeError) as exc:
-            key = keys.shard_state(shard, "datasets")
-            unreadable.append({"shard": shard, "key": key, "field": as_text(field), "error": str(exc)})
-            continue
-        out.setdefault(job, {})[name] = ds
-    return out
+class OpenJobs:
+    """The fleet's count of distinct open jobs, and its unreadable job records, recounted only when
+    a shard's job records changed.
+
+    A job has a record on every shard holding one of its datasets and nothing tells one shard of
+    the others, so the count walks the job records' names (HSCAN of each shard's ``state:jobs``):
+    Redis work in proportion to the (job, shard) records, memory to the distinct open jobs' names;
+    never the datasets. Each shard's ``gen`` (``state:counts``) moves whenever a job record comes
+    or goes there: while no shard's gen moved the last count stands, and a summary reads O(shards).
+    """
+
+    def __init__(self) -> None:
+        self._gens: tuple[object, ...] | None = None
+        self._value: tuple[int, list[dict[str, Any]], int] = (0, [], 0)
+
+    async def count(
+        self, r: redis.asyncio.Redis, keys: Keys, shards: int, gens: tuple[object, ...]
+    ) -> tuple[int, list[dict[str, Any]], int]:
+        """Return (distinct open jobs, unreadable job records (at most :data:`UNREADABLE_SHOWN`), how
+        many are unreadable), walking the job records unless ``gens`` are those of the last walk.
+        A shard without a gen (no counts yet) is walked every time.
+
+        Raises:
+            TransientError: Redis unavailable.
+        """
+        if self._gens is not None and gens == self._gens and None not in gens:
+            return self._value
+        names: set[str] = set()
+        unreadable: list[dict[str, Any]] = []
+        bad = 0
+        for shard in range(shards):
+            key = keys.shard_state(shard, "jobs")
+            cursor = 0
+            while True:
+                with redis_errors("HSCAN open jobs"):
+                    cursor, fields = await r.hscan(key, cursor, count=1000)
+                assert isinstance(fields, dict), "HSCAN without NOVALUES answers fields and values"
+                for field, raw in fields.items():
+                    try:
+                        meta = _meta_dec.decode(raw)
+                        if meta.v not in READS:
+                            raise msgspec.ValidationError(
+                                f"state record version {meta.v}, this reads {STATE_VERSION}"
+                            )
+                    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeError) as exc:
+                        bad += 1
+                        if len(unreadable) < UNREADABLE_SHOWN:
+                            unreadable.append(
+                                {
+                                    "shard": shard,
+                                    "key": key,
+                                    "field": as_text(field),
+                                    "error": str(exc)[:TEXT_SHOWN],
+                                }
+                            )
+                        continue
+                    names.add(meta.job)
+                if cursor == 0:
+                    break
+        self._gens, self._value = gens, (len(names), unreadable, bad)
+        return self._value
+
+
+def _int(value: object) -> int:
+    try:
+        return int(as_text(value))  # type: ignore[arg-type]
+    except (TypeError, ValueError, UnicodeError):
+        return 0
 
 
 async def _shard_rows(r: redis.asyncio.Redis, keys: Keys, shards: int) -> list[dict[str, Any]]:
+    """Return each shard's row: stream figures, its counts, set-aside marker and the first
+    quarantined sequences of its record (``_quarantined``, at most QUARANTINED_SHOWN)."""
     async with r.pipeline(transaction=False) as pipe:
         for s in range(shards):
             pipe.xlen(keys.events(s))
             pipe.xinfo_groups(keys.events(s))
             pipe.xlen(keys.dead(s))
-            pipe.hgetall(keys.shard_state(s, "jobs"))
+            pipe.hgetall(keys.shard_state(s, COUNTS))
             pipe.hgetall(keys.shard_state(s, "aside"))
-            pipe.hgetall(keys.shard_state(s, "quarantined"))
+            pipe.hlen(keys.shard_state(s, "quarantined"))
+            pipe.hscan(keys.shard_state(s, "quarantined"), 0, count=QUARANTINED_SHOWN)
             pipe.xpending(keys.events(s), DEFAULT_GROUP)
-            pipe.hgetall(keys.shard_state(s, "datasets"))
         replies = await pipe.execute(raise_on_error=False)
     rows: list[dict[str, Any]] = []
     now_ms = time.time() * 1000
     for s in range(shards):
-        length, groups, dead, jobs, aside, quarantined, summary, datasets = replies[8 * s : 8 * s + 8]
+        length, groups, dead, counts, aside, q_len, q_scan, summary = replies[8 * s : 8 * s + 8]
         oldest = None
         if isinstance(summary, dict) and summary.get("min"):
             # A stream id starts with the milliseconds at which it was written.
@@ -76,6 +133,8 @@ async def _shard_rows(r: redis.asyncio.Redis, keys: Keys, shards: int) -> list[d
                 if as_text(g["name"]) == DEFAULT_GROUP:
                     pending = int(g["pending"])
                     lag = int(g.get("lag") or 0)
+        c = {as_text(k): _int(v) for k, v in counts.items()} if isinstance(counts, dict) else {}
+        quarantined = q_scan[1] if isinstance(q_scan, (list, tuple)) and isinstance(q_scan[1], dict) else {}
         rows.append(
             {
                 "shard": s,
@@ -84,42 +143,48 @@ async def _shard_rows(r: redis.asyncio.Redis, keys: Keys, shards: int) -> list[d
                 "lag": lag,
                 "dead_letters": int(dead) if not isinstance(dead, rx.ResponseError) else 0,
                 "oldest_pending_s": oldest,
-                "_jobs": jobs if isinstance(jobs, dict) else {},
-                # Open jobs' datasets, field "<job>/<dataset>" (state v2; v1 kept them in the job record).
-                "_datasets": datasets if isinstance(datasets, dict) else {},
-                "_quarantined": quarantined if isinstance(quarantined, dict) else {},
                 # Set by the shard's owner while its state cannot be read (workers/_aside.py).
                 "set_aside": {as_text(k): as_text(v) for k, v in aside.items()} if aside else None,
+                "_counts": c,
+                "_quarantined_n": q_len if isinstance(q_len, int) else 0,
+                "_quarantined": quarantined,
             }
         )
     return rows
 
 
-async def fleet_status(
-    r: redis.asyncio.Redis, keys: Keys, settings: Settings, store: ObjectStore | None = None
+async def fleet_summary(
+    r: redis.asyncio.Redis, keys: Keys, settings: Settings, jobs: OpenJobs | None = None
 ) -> dict[str, Any]:
-    """Return the fleet's status document.
+    """Return the fleet's status summary (``GET /status``): its size is bounded by the shards,
+    the workers and the owners' slots, never by the open work (paged by :func:`open_work_page`).
 
-    Keys: ``fleet``, ``shards``, ``leader``, ``assignment_epoch``, ``workers``
-    (live, with their shards), ``expired_workers``, ``shard_table`` (owner,
-    moving_to, stream length, pending, lag, dead letters, ``set_aside``: why
-    the shard is set aside, or None), ``open_jobs``,
-    ``pending`` (datasets waiting for tasks or being committed/aborted),
-    ``quarantined`` (from Redis state and, when ``store`` is given, from the
-    store's ``_wal/``), ``in_flight`` (each owner's work under way: state
-    queued / running / retrying, since, attempts, last error), ``unreadable``
-    (job records of the shard state that do not decode: shard, key, field,
-    error), ``counters`` and ``at``.
+    Keys: ``fleet``, ``shards``, ``leader``, ``assignment_epoch``, ``workers`` (live, with their
+    shards), ``expired_workers``, ``shard_table`` (per shard: owner, moving_to, stream length,
+    pending, lag, dead letters, oldest pending entry's age, ``set_aside`` (why, or None),
+    ``open_jobs`` (job records on the shard), ``datasets`` (open dataset records), ``statuses``
+    (dataset records per status), ``waiting``, ``queued``, ``running``, ``blocked``,
+    ``quarantined``), ``totals`` (``open_jobs``: distinct jobs, ``datasets`` and the same columns
+    summed), ``quarantined`` (the first :data:`QUARANTINED_SHOWN` quarantined sequences with their
+    reason), ``in_flight`` (each owner's work under way), ``unreadable`` (job records that do not
+    decode, at most :data:`UNREADABLE_SHOWN`) and ``unreadable_count``, ``counters`` and ``at``.
 
-    ``settings.fleet.shards`` must be the fleet's count (see
-    :func:`shared.queue.existing_fleet`).
+    The per-shard figures come from the shard's counts (``state:counts``, kept by its owner's
+    saves); ``running`` from the in-flight boards, ``queued`` is the rest of the commits and aborts
+    due. ``quarantined`` is the larger of the shard's quarantine record (from the WAL) and its
+    datasets whose status is quarantined. ``jobs`` keeps the distinct job count between calls
+    (:class:`OpenJobs`; a new one is used when None).
+
+    ``settings.fleet.shards`` must be the fleet's count (see :func:`shared.queue.existing_fleet`).
 
     Raises:
-        TransientError: Redis (or the store) unavailable.
+        TransientError: Redis unavailable.
     """
     shards = settings.fleet.shards
     if shards < 1:
-        raise ValueError("fleet_status needs the fleet's shard count (settings.fleet.shards is not resolved)")
+        raise ValueError(
+            "fleet_summary needs the fleet's shard count (settings.fleet.shards is not resolved)"
+        )
     registry = FleetRegistry(r, keys)
     with redis_errors("status"):
         live, dead = await registry.members()
@@ -129,7 +194,9 @@ async def fleet_status(
         counters_raw = await r.hgetall(keys.fleet_key("metrics"))
         # committed / aborted are counted exactly, with their admin events (docs/queue.md).
         outcome_counts = await r.hgetall(keys.outcome_counts)
-    in_flight = await read_in_flight(r, keys, shards)  # what each owner has under way, and its state
+    in_flight = await read_in_flight(r, keys, shards)  # bounded by the owners' slots
+    gens = tuple(row["_counts"].get("gen") for row in rows)
+    distinct, unreadable, unreadable_count = await (jobs or OpenJobs()).count(r, keys, shards, gens)
     owners = assignment.owners()
     workers = [
         {
@@ -142,90 +209,39 @@ async def fleet_status(
         }
         for w, info in sorted(live.items())
     ]
-    open_jobs: list[dict[str, Any]] = []
-    pending: list[dict[str, Any]] = []
-    quarantined: dict[tuple[str, str], dict[str, Any]] = {}
-    unreadable: list[dict[str, Any]] = []
-    # Work under way per (dataset, job), to tell a queued commit from a running one.
-    flight_state = {(f.get("dataset"), f.get("job")): str(f.get("state")) for f in in_flight}
+    running = [0] * shards
+    for f in in_flight:
+        if f.get("state") in ("running", "retrying") and 0 <= int(f.get("shard", -1)) < shards:
+            running[int(f["shard"])] += 1
+    quarantined: list[dict[str, Any]] = []
+    totals = dict.fromkeys(COLUMNS, 0)
     for row in rows:
         slot = assignment.slots[row["shard"]]
         row["owner"] = slot.owner
         row["moving_to"] = slot.moving_to
-        # Recorded by the shard's owner from the WAL it walked at its session start.
+        c = row.pop("_counts")
+        statuses = {st: max(0, c.get(st, 0)) for st in STATUSES}
+        due = statuses["committing"] + statuses["aborting"]
+        run = min(running[row["shard"]], due)
+        row.update(
+            open_jobs=max(0, c.get("jobs", 0)),
+            datasets=sum(n for st, n in statuses.items() if st not in ("committed", "aborted")),
+            statuses=statuses,
+            waiting=statuses["waiting"],
+            queued=due - run,
+            running=run,
+            blocked=statuses["blocked"],
+            quarantined=max(row.pop("_quarantined_n"), statuses["quarantined"]),
+        )
+        for col in COLUMNS:
+            if col != "open_jobs":
+                totals[col] += row[col]
         for field, reason in row.pop("_quarantined").items():
+            # Recorded by the shard's owner from the WAL it walked at its session start.
             name, _, job = as_text(field).partition("/")
-            quarantined[(name, job)] = {"dataset": name, "job": job, "reason": as_text(reason)}
-        of_job = _datasets_of_jobs(row.pop("_datasets"), row["shard"], keys, unreadable)
-        for field, raw in row.pop("_jobs").items():
-            try:
-                meta = _meta_dec.decode(raw)
-                if meta.v not in READS:
-                    raise msgspec.ValidationError(
-                        f"state record version {meta.v}, this reads {STATE_VERSION}"
-                    )
-            except (msgspec.DecodeError, msgspec.ValidationError, UnicodeError) as exc:
-                # A record this version cannot read (see docs/queue.md): shown, not fatal;
-                # its shard is set aside and says so above.
-                unreadable.append(
-                    {
-                        "shard": row["shard"],
-                        "key": keys.shard_state(row["shard"], "jobs"),
-                        "field": as_text(field),
-                        "error": str(exc),
-                    }
-                )
-                continue
-            if meta.v == STATE_VERSION:  # v2: the job's datasets are records of their own
-                meta = msgspec.structs.replace(meta, datasets=of_job.get(meta.job, {}))
-            open_jobs.append(
-                {
-                    "job": meta.job,
-                    "shard": row["shard"],
-                    "opened_at": meta.opened_at,
-                    "deadline": meta.deadline,
-                    "datasets": {n: d.status for n, d in meta.datasets.items()},
-                }
-            )
-            for name, ds in meta.datasets.items():
-                if ds.status in ("waiting", "committing", "aborting", "blocked"):
-                    state: str = ds.status
-                    if ds.status in ("committing", "aborting"):
-                        # running or retrying when its owner works on it, else queued for a slot
-                        state = flight_state.get((name, meta.job), "queued")
-                    pending.append(
-                        {
-                            "dataset": name,
-                            "job": meta.job,
-                            "shard": row["shard"],
-                            "status": ds.status,
-                            "state": state,
-                            "reason": ds.reason,
-                        }
-                    )
-                elif ds.status == "quarantined":
-                    quarantined[(name, meta.job)] = {"dataset": name, "job": meta.job, "reason": ds.reason}
-    if store is not None:
-        from shared.commit import list_unfinished  # the commit core: only the admin API passes a store
-
-        for u in await list_unfinished(store):
-            if u.quarantined is not None:
-                quarantined.setdefault(
-                    (u.dataset, u.job), {"dataset": u.dataset, "job": u.job, "reason": u.quarantined}
-                )
-    # Per-shard counts in one pass over each list (not one per shard: 100,000 datasets x 64 shards).
-    column = {"waiting": "waiting", "queued": "queued", "blocked": "queued"}
-    column.update(running="running", retrying="running")
-    counts = [dict.fromkeys(("open_jobs", "waiting", "queued", "running", "quarantined"), 0) for _ in rows]
-    for j in open_jobs:
-        counts[j["shard"]]["open_jobs"] += 1
-    for p in pending:
-        if p["state"] in column:
-            counts[p["shard"]][column[p["state"]]] += 1
-    for q in quarantined.values():
-        counts[shard_of(q["dataset"], shards)]["quarantined"] += 1
-    for row in rows:
-        row.update(counts[row["shard"]])
+            if len(quarantined) < QUARANTINED_SHOWN:
+                quarantined.append({"dataset": name, "job": job, "reason": as_text(reason)[:TEXT_SHOWN]})
+    totals["open_jobs"] = distinct
     counters = {as_text(k): as_text(v) for k, v in counters_raw.items()}
     for k, v in outcome_counts.items():
         counters[as_text(k)] = str(int(counters.get(as_text(k), "0")) + int(v))
@@ -237,18 +253,22 @@ async def fleet_status(
         "workers": workers,
         "expired_workers": sorted(dead),
         "shard_table": rows,
-        "open_jobs": open_jobs,
-        "pending": pending,
-        "quarantined": sorted(quarantined.values(), key=lambda q: (q["dataset"], q["job"])),
+        "totals": totals,
+        "quarantined": sorted(quarantined, key=lambda q: (q["dataset"], q["job"])),
         "in_flight": in_flight,
         "unreadable": unreadable,
+        "unreadable_count": unreadable_count,
         "counters": {k: (float(v) if "." in v else int(v)) for k, v in counters.items()},
         "at": time.time(),
     }
 
 
+COLUMNS: Final = ("open_jobs", "datasets", "waiting", "queued", "running", "blocked", "quarantined")
+"""The columns of ``totals``."""
+
+
 async def get_status(s: Settings) -> dict[str, Any]:
-    """Return the fleet's status document, from Redis only (the workers record quarantines there).
+    """Return the fleet's status summary, from Redis only (the workers record quarantines there).
 
     Raises:
         ConfigError: no such fleet, or ``fleet.shards`` disagrees with the fleet's record.
@@ -257,6 +277,6 @@ async def get_status(s: Settings) -> dict[str, Any]:
     r = connect(s.redis, client_name="commitfleet-cli")
     try:
         s = await existing_fleet(r, s)
-        return await fleet_status(r, Keys(s.fleet.name), s)
+        return await fleet_summary(r, Keys(s.fleet.name), s)
     finally:
         await r.aclose()

@@ -18,7 +18,7 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
-from coordinator.admin import fleet_status
+from coordinator.admin import fleet_summary
 from coordinator.demo import FleetProcess, ThrowawayRedis, write_config
 from shared import Settings
 from shared.commit import CommitRequest, commit_dataset
@@ -66,7 +66,7 @@ def fleet_settings(base: Settings, redis_url: str) -> Settings:
 async def _ready(settings: Settings, workers: int) -> bool:
     r = connect(settings.redis)
     try:
-        doc: dict[str, Any] = await fleet_status(r, Keys(settings.fleet.name), settings)
+        doc: dict[str, Any] = await fleet_summary(r, Keys(settings.fleet.name), settings)
     finally:
         await r.aclose()
     return (

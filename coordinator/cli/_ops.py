@@ -65,22 +65,28 @@ def events(
 
 def status(
     config: ConfigOpt = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the whole status document as JSON.")] = False,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help='JSON Lines: the summary, then one line per open job ({"job": ...}) and per open '
+            'dataset ({"dataset": ...}), printed as they are read.',
+        ),
+    ] = False,
     show_all: Annotated[
-        bool, typer.Option("--all", help="Every shard, job and dataset, not the top few.")
+        bool, typer.Option("--all", help="Every shard, open job and pending dataset, page by page.")
     ] = False,
 ) -> None:
     """Show a summary (per shard: open jobs, queued, running, quarantined, lag) and the top of each list."""
-    from coordinator.admin import get_status
+    from ._status_run import show_status
 
     s = settings_or_exit(config)
-    doc = run_or_exit(get_status(s))
-    if as_json:
-        sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
-        return
-    from ._status_text import print_status
 
-    print_status(out, doc, top=None if show_all else STATUS_TOP)
+    def write(data: bytes) -> None:
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+
+    run_or_exit(show_status(s, out, write, top=None if show_all else STATUS_TOP, as_json=as_json))
 
 
 def _operator(op: str, dataset: str, job: str, config: Path | None, wait_s: float) -> None:

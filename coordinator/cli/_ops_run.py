@@ -1,5 +1,5 @@
 """The async bodies of the CLI's operator commands (events, retry/skip, audit; status is
-``coordinator.admin.get_status``)."""
+``coordinator.cli._status_run``)."""
 
 from __future__ import annotations
 

@@ -36,7 +36,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
-from coordinator.admin import fleet_status
+from coordinator.admin import fleet_summary
 from shared import Settings, load_settings
 from shared.commit import audit, read_manifest, read_watermarks
 from shared.events import AdminEvent
@@ -114,7 +114,7 @@ async def _wait(check: Any, printer: _EventPrinter, limit_s: float, what: str) -
 async def _fleet_ready(settings: Settings) -> bool:
     r = connect(settings.redis)
     try:
-        doc = await fleet_status(r, Keys(settings.fleet.name), settings)
+        doc = await fleet_summary(r, Keys(settings.fleet.name), settings)
     finally:
         await r.aclose()
     rows = doc["shard_table"]

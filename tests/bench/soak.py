@@ -40,7 +40,7 @@ from pathlib import Path
 import msgspec
 import redis.asyncio
 
-from coordinator.admin import fleet_status
+from coordinator.admin import fleet_summary
 from shared import Settings
 from shared.queue import RESULT_RETENTION_S, AsyncPublisher, Keys, ensure_fleet
 from shared.storage import open_store
@@ -322,7 +322,7 @@ async def soak(args: argparse.Namespace) -> int:
         lines, seconds, rc = status_check(config)
         # What the status costs without starting Python: the same document, in-process.
         t = time.perf_counter()
-        await fleet_status(r, keys, settings)
+        await fleet_summary(r, keys, settings)
         inproc = time.perf_counter() - t
         t = time.perf_counter()
         subprocess.run([sys.executable, "-c", "pass"], check=True)

@@ -47,7 +47,7 @@ from pathlib import Path
 
 import redis.asyncio
 
-from coordinator.admin import fleet_status
+from coordinator.admin import fleet_summary
 from shared import Settings
 from shared.events import (
     Committed,
@@ -231,7 +231,9 @@ async def fill(args: argparse.Namespace, settings: Settings, r: redis.asyncio.Re
                     state_since=now,
                     attempts=1,
                 )
-                await o.board.put(work_label(("commit", meta.job, name)), rec)
+                o.board.put(work_label(("commit", meta.job, name)), rec)
+    for o in owners:
+        await o.board.flush()
     for s in range(shards):
         await trim_acknowledged(r, keys.events(s))
 
@@ -283,7 +285,7 @@ async def main(args: argparse.Namespace) -> int:
                 used = int((await r.info("memory"))["used_memory"]) / 1e6
                 print(f"filled in {time.monotonic() - t:.0f} s; Redis used_memory {used:.1f} MB", flush=True)
                 t = time.perf_counter()
-                doc = await fleet_status(r, Keys(fleet), settings)
+                doc = await fleet_summary(r, Keys(fleet), settings)
                 inproc = time.perf_counter() - t
             finally:
                 await r.aclose()
@@ -314,7 +316,7 @@ async def main(args: argparse.Namespace) -> int:
             server.stop()
     lines = len(rows["commitfleet status"][2].splitlines())
     print(
-        f"\nstatus document: {len(doc['open_jobs'])} open job records, {len(doc['pending'])} pending "
+        f"\nstatus summary: {doc['totals']['open_jobs']} open jobs, {doc['totals']['datasets']} open "
         f"datasets, {len(doc['in_flight'])} in flight, counters {doc['counters']}; "
         f"computed in-process in {inproc:.3f} s"
     )

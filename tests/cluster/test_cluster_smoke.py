@@ -8,6 +8,7 @@ cluster (a cross-slot one fails there, it does not on one node).
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,19 @@ async def test_publish_and_commit_through_a_cluster(
             assert any(isinstance(e, WorkerJoined) and e.worker == "w1" for e in evs)
             status = await get_status(settings)  # the CLI's status, through the cluster
             assert status["fleet"] == fleet_name, status
+            # The shards' counts, kept by the save script on the cluster: the job ended everywhere.
+            assert status["totals"]["open_jobs"] == 0 and status["totals"]["datasets"] == 0, status["totals"]
+            assert all(sum(r["statuses"].values()) == 0 for r in status["shard_table"]), status["shard_table"]
+            # An open job is counted while it is open.
+            await pub.publish(
+                JobStarted(job="job-open", datasets=datasets, timeout_s=600, started_at=time.time())
+            )
+
+            async def counted() -> bool:
+                totals = (await get_status(settings))["totals"]
+                return (totals["open_jobs"], totals["datasets"]) == (1, 4)
+
+            await wait_for(counted, timeout=20, what="the open job counted")
         assert await client.scard(Keys(fleet_name).workers) == 0
     finally:
         await client.aclose()

@@ -19,7 +19,7 @@ from pathlib import Path
 import redis
 import redis.asyncio
 
-from coordinator.admin import get_status
+from coordinator.admin import OpenWorkFilter, get_status, open_jobs_page, open_work_page
 from shared.events import Aborted, Committed, JobCancelled, JobStarted, QueueEvent
 from shared.queue import (
     AsyncPublisher,
@@ -88,6 +88,11 @@ async def test_a_fleet_run_never_sends_a_cross_slot_command(
             await ensure_fleet(client, fleet_name, settings.fleet.shards)
             await _run(client, fleet.store, server.url, fleet_name, fleet.workers[1])
             assert await get_status(settings)
+            # The open work's pages (GET /status/datasets, /status/jobs): HSCAN, HGET, pipelined HEXISTS.
+            keys = Keys(fleet_name)
+            await open_work_page(client, keys, settings, OpenWorkFilter(), None, 10)
+            await open_work_page(client, keys, settings, OpenWorkFilter(job="j-x", dataset="d"), None, 10)
+            await open_jobs_page(client, keys, settings, None, 10)
     finally:
         await client.aclose()
         recorder.stop()

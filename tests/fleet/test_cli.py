@@ -23,7 +23,6 @@ import jsonschema  # type: ignore[import-untyped]
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from coordinator.admin import fleet_status
 from shared.commit import list_unfinished, read_manifest
 from shared.events import (
     Aborted,
@@ -44,6 +43,7 @@ from tests._support.fleet_jobs import corrupted_job, failed_job, good_job, stage
 from tests._support.ports import free_port
 from tests._support.process_fleet import Fleet
 from tests._support.processes import FleetProcess
+from tests._support.status_pages import parse_status_json, status_with_pages
 from tests._support.wait import wait_for
 
 
@@ -54,7 +54,7 @@ def row(*cells: str) -> str:
 
 async def status_doc(fleet: Fleet) -> dict[str, Any]:
     """Return the status document read in-process (cheap, for polling)."""
-    return await fleet_status(fleet.redis, fleet.keys, fleet.settings, fleet.store)
+    return await status_with_pages(fleet.redis, fleet.keys, fleet.settings)
 
 
 async def wait_admin(fleet: Fleet, probe: Any, what: str, timeout: float = 60) -> Any:
@@ -128,7 +128,7 @@ async def test_status_events_audit_and_http_api(fleet: Fleet) -> None:
     # status --json: the document, checked against what the fleet is.
     res = await cli("status", "--config", cfg, "--json")
     assert res.rc == 0, res.err
-    doc = json.loads(res.out)
+    doc = parse_status_json(res.out)
     assert doc["fleet"] == fleet.settings.fleet.name
     assert doc["shards"] == 8
     assert doc["leader"] == "c1"
@@ -138,9 +138,11 @@ async def test_status_events_audit_and_http_api(fleet: Fleet) -> None:
     assert sorted(owned) == list(range(8)), owned
     assert sorted(len(w["shards"]) for w in workers.values()) == [4, 4]
     assert all(w["pid"] == fleet.names[w["id"]].pid for w in workers.values())
-    assert sorted((j["job"], j["datasets"]) for j in doc["open_jobs"]) == [
-        ("j-open", {"eps": "open"}),
-        ("j-wait", {"eta": "waiting"}),
+    assert sorted(j["job"] for j in doc["open_jobs"]) == ["j-open", "j-wait"]
+    assert doc["totals"]["open_jobs"] == 2
+    assert sorted((d["job"], d["dataset"], d["status"]) for d in doc["datasets"]) == [
+        ("j-open", "eps", "open"),
+        ("j-wait", "eta", "waiting"),
     ]
     assert [(p["dataset"], p["job"], p["status"]) for p in doc["pending"]] == [("eta", "j-wait", "waiting")]
     assert doc["quarantined"] == []
@@ -156,10 +158,12 @@ async def test_status_events_audit_and_http_api(fleet: Fleet) -> None:
     assert set(rows) == {"w1", "w2"}, res.out
     assert all(re.search(r"\s4\s", ln) for ln in rows.values()), res.out  # 4 shards each
     assert "moving 0  unowned 0" in res.out
-    assert "open jobs 2  datasets waiting for tasks 1  queued 0  running 0  quarantined 0" in res.out, res.out
-    assert re.search(r"j-open\s.*open 1", res.out), res.out
-    assert re.search(r"j-wait\s.*waiting 1", res.out), res.out
-    assert re.search(row("eta", "j-wait", "waiting"), res.out), res.out
+    assert (
+        "open jobs 2  datasets waiting for tasks 1  queued 0  running 0  blocked 0  quarantined 0" in res.out
+    ), res.out
+    assert re.search(r"j-open\s+\d", res.out), res.out
+    assert re.search(r"j-wait\s+\d", res.out), res.out
+    assert re.search(row("eta", "j-wait"), res.out), res.out
     assert "no quarantined datasets" in res.out
 
     # events: every admin event so far; --json lines parse; filters narrow.
@@ -275,7 +279,28 @@ async def test_status_events_audit_and_http_api(fleet: Fleet) -> None:
         assert {w["id"] for w in hdoc["workers"]} == {"w1", "w2"}
         assert hdoc["coordinator"] == {"id": "c1", "leading": True}
         assert hdoc["leader"] == "c1"
-        assert sorted(j["job"] for j in hdoc["open_jobs"]) == ["j-open", "j-wait"]
+        assert hdoc["totals"]["open_jobs"] == 2 and "open_jobs" not in hdoc and "pending" not in hdoc
+        # One job a page; a page reads a bounded part of the state, so one may come back empty.
+        listed: list[str] = []
+        params = {"limit": "1"}
+        for _ in range(20):
+            async with http.get(f"{base}/status/jobs", params=params) as resp:
+                assert resp.status == 200
+                jpage = await resp.json()
+            assert len(jpage["items"]) <= 1
+            listed += [j["job"] for j in jpage["items"]]
+            if jpage["next"] is None:
+                break
+            params = {"limit": "1", "cursor": jpage["next"]}
+        assert jpage["next"] is None and sorted(listed) == ["j-open", "j-wait"]
+        async with http.get(f"{base}/status/datasets", params={"state": "pending"}) as resp:
+            assert resp.status == 200
+            page = await resp.json()
+        assert [(d["dataset"], d["job"], d["state"]) for d in page["items"]] == [("eta", "j-wait", "waiting")]
+        assert page["next"] is None
+        for bad in ({"state": "sleeping"}, {"limit": "0"}, {"cursor": "nonsense"}, {"sort": "x"}):
+            async with http.get(f"{base}/status/datasets", params=bad) as resp:
+                assert resp.status == 400, bad
 
         async def metrics() -> dict[tuple[str, str], float]:
             async with http.get(f"{base}/metrics") as resp:
@@ -383,7 +408,7 @@ async def test_retry_and_skip_quarantined_datasets(fleet: Fleet) -> None:
 
     res = await cli("status", "--config", cfg, "--json")
     assert res.rc == 0, res.err
-    doc = json.loads(res.out)
+    doc = parse_status_json(res.out)
     assert [(q["dataset"], q["job"]) for q in doc["quarantined"]] == [("qa", "j-fix"), ("qb", "j-skip")]
     assert all("publish" in q["reason"] and "reported" in q["reason"] for q in doc["quarantined"]), doc
     assert ("qb", "j-after", "blocked") in [(p["dataset"], p["job"], p["status"]) for p in doc["pending"]]
@@ -446,7 +471,7 @@ async def test_retry_and_skip_quarantined_datasets(fleet: Fleet) -> None:
     async def settled_status() -> dict[str, Any] | None:
         res = await cli("status", "--config", cfg, "--json")
         assert res.rc == 0, res.err
-        doc = json.loads(res.out)
+        doc = parse_status_json(res.out)
         return doc if not doc["pending"] and not doc["open_jobs"] else None
 
     doc = await wait_for(settled_status, timeout=30, interval=0.2, what="nothing pending")
@@ -609,7 +634,7 @@ async def test_every_command_takes_the_shard_count_from_the_fleet(fleet: Fleet, 
 
     res = await cli("status", "--config", cfg, "--json")
     assert res.rc == 0, res.err
-    doc = json.loads(res.out)
+    doc = parse_status_json(res.out)
     assert doc["shards"] == n
     assert len(doc["shard_table"]) == n
     assert sorted(s for w in doc["workers"] for s in w["shards"]) == list(range(n))
@@ -642,7 +667,7 @@ async def test_status_shows_a_job_record_it_cannot_read(fleet: Fleet) -> None:
     await fleet.redis.hset(key, "j-bad", b'{"v":99,"job":')
     res = await cli("status", "--config", fleet.config, "--json")
     assert res.rc == 0, res.err
-    (u,) = json.loads(res.out)["unreadable"]
+    (u,) = parse_status_json(res.out)["unreadable"]
     assert (u["shard"], u["key"], u["field"]) == (3, key, "j-bad")
     res = await cli("status", "--config", fleet.config)
     assert res.rc == 0, res.err

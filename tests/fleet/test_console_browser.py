@@ -9,6 +9,7 @@ No browser is downloaded: scripts/bootstrap.sh installs chromium with apt.
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +17,9 @@ import pytest
 from playwright.async_api import ConsoleMessage, Error, async_playwright
 
 from shared.commit import read_manifest
+from shared.events import DatasetExpectation, JobFinished, JobStarted, QueueEvent
 from tests._support.fleet_checks import committed
-from tests._support.fleet_jobs import corrupted_job, good_job
+from tests._support.fleet_jobs import corrupted_job, good_job, stage_task
 from tests._support.ports import free_port
 from tests._support.process_fleet import Fleet
 from tests._support.wait import wait_for
@@ -84,6 +86,21 @@ async def test_console_shows_the_fleet_live_and_retries_a_quarantine(fleet: Flee
             await page.locator("#chart-latency g.mean rect").first.wait_for(timeout=MS)
             assert await page.locator("#chart-latency g.max rect").count() >= 1
             assert "last mean" in await page.locator("#lat-now").inner_text()
+
+            # A dataset waiting for a task shows in the pending table (a page of /status/datasets).
+            waiting: list[QueueEvent] = [
+                JobStarted(job="j-wait", datasets=["wt"], timeout_s=600, started_at=time.time()),
+                await stage_task(fleet.store, "j-wait", "wt", 0, 0),
+                JobFinished(
+                    job="j-wait", datasets={"wt": DatasetExpectation(tasks=2)}, finished_at=time.time()
+                ),
+            ]
+            await fleet.publisher.publish_many(waiting)
+            pending = page.locator('#pending tr[data-dataset="wt"]')
+            await pending.wait_for(timeout=MS)
+            assert "j-wait" in await pending.inner_text() and "waiting" in await pending.inner_text()
+            await page.locator("#pending-count", has_text="(1)").wait_for(timeout=MS)
+            assert await page.locator("#pending-more").is_hidden()
 
             # A quarantined dataset, its reason, and a retry from the page once the cause is fixed.
             evs, key, right = await corrupted_job(fleet.store, "j-fix", "qa")

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import redis.asyncio
 
-from coordinator.admin import fleet_status
+from coordinator.admin import fleet_summary
 from shared.commit import CommitRequest, WinningAttempt, encode_sequence, plan_commit
 from shared.events import Committed, JobFailed, JobStarted, wal_key
 from shared.queue import Keys, shard_of
@@ -95,7 +95,7 @@ async def test_a_commit_whose_lock_ran_out_is_retried_and_shown_in_flight(
         assert (row["work"], row["dataset"], row["job"]) == ("commit", "ds-1", "job-1")
         assert (row["state"], row["attempts"], row["worker"]) == ("running", 2, "w1")
         assert row["last_error"].startswith("LockLost"), row["last_error"]
-        doc = await fleet_status(redis_client, keys, settings)
+        doc = await fleet_summary(redis_client, keys, settings)
         assert [r["label"] for r in doc["in_flight"]] == [row["label"]]
         hook.seen.set()
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import redis.asyncio
 
-from coordinator.admin import fleet_status
+from coordinator.admin import fleet_summary
 from shared.events import ShardSetAside
 from shared.queue import DEFAULT_GROUP
 from tests._support.fleet import InProcessFleet, fleet_settings, inprocess_fleet
@@ -65,7 +65,7 @@ async def test_unreadable_shard_state_sets_the_shard_aside_until_the_operator_fi
         assert (await redis_client.hgetall(marker))[b"field"] == field.encode()
         assert not await committed(fleet.store, [bad_ds], "during")
         assert fleet.worker_alive() and BAD in fleet.worker.running_shards
-        status = await fleet_status(redis_client, fleet.keys, fleet.settings)
+        status = await fleet_summary(redis_client, fleet.keys, fleet.settings)
         aside = {r["shard"]: r["set_aside"] for r in status["shard_table"] if r["set_aside"]}
         assert set(aside) == {BAD} and aside[BAD]["field"] == field
         # Not retried in a tight loop: still exactly one announcement after a further commit.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from coordinator.admin import fleet_status
+from coordinator.admin import fleet_summary
 from shared.queue import as_text, shard_of
 from tests._support.cli import cli
 from tests._support.fleet_jobs import corrupted_job
@@ -51,4 +51,4 @@ async def test_quarantine_reaches_the_status_record_during_the_session(fleet: Fl
 
 async def status_doc_from_redis(fleet: Fleet) -> dict[str, Any]:
     """Return the status document as ``commitfleet status`` computes it: from Redis only."""
-    return await fleet_status(fleet.redis, fleet.keys, fleet.settings)
+    return await fleet_summary(fleet.redis, fleet.keys, fleet.settings)

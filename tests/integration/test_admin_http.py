@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import msgspec
 import pytest
 import redis.asyncio
 from prometheus_client.parser import text_string_to_metric_families
@@ -23,9 +24,10 @@ from coordinator.admin import AdminServer
 from coordinator.admin._metrics import OTHER
 from shared import ConfigError, Settings, load_settings
 from shared.events import Committed, MessageRejected
-from shared.queue import AdminPublisher, Keys, connect, ensure_fleet
+from shared.queue import AdminPublisher, Keys, connect, ensure_fleet, shard_of
 from tests._support.redis_server import RedisServer
 from tests._support.wait import wait_for
+from workers import DatasetState
 
 TOKEN = "t0ken-for-the-admin-api-tests"
 Start = Callable[..., Awaitable[AdminServer]]
@@ -421,3 +423,45 @@ async def test_requests_the_server_cannot_parse_are_400_and_no_error_in_the_log(
         assert await _raw_status(server.port, request) == 200
     noisy = [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
     assert noisy == [], [r.getMessage() for r in noisy]
+
+
+async def test_status_pages_over_http_with_glob_characters_in_names(
+    start_admin: Start, redis_client: redis.asyncio.Redis, fleet_name: str
+) -> None:
+    """GET /status/datasets passes its filters through as given: a prefix with glob characters
+    matches literally, every page is bounded, and GET /status carries no list of open work."""
+    keys = Keys(fleet_name)
+    names = ["a*1", "a*2", "ab", "a?", "[x]", "[x]y"]
+    for name in names:
+        raw = msgspec.json.encode(DatasetState(status="waiting"))
+        await redis_client.hset(keys.shard_state(shard_of(name, 4), "datasets"), f"j1/{name}", raw)
+    server = await start_admin()
+    async with client(server) as (http, base):
+
+        async def listed(**params: str) -> list[str]:
+            got: list[str] = []
+            cursor = None
+            for _ in range(50):
+                q = {**params, "limit": "1", **({"cursor": cursor} if cursor else {})}
+                async with http.get(f"{base}/status/datasets", params=q) as resp:
+                    assert resp.status == 200, await resp.text()
+                    page = await resp.json()
+                assert len(page["items"]) <= 1
+                got += [i["dataset"] for i in page["items"]]
+                if (cursor := page["next"]) is None:
+                    return sorted(got)
+            raise AssertionError("pages never ended")
+
+        assert await listed(prefix="a*") == ["a*1", "a*2"]
+        assert await listed(prefix="[x]") == ["[x]", "[x]y"]
+        assert await listed(dataset="a?") == ["a?"]
+        assert await listed(state="pending", job="j1") == sorted(names)
+        assert await listed(job="j2") == []
+        async with http.get(f"{base}/status") as resp:
+            doc = await resp.json()
+        assert "pending" not in doc and "open_jobs" not in doc and "totals" in doc
+        for bad in ({"shard": "-1"}, {"shard": "4"}, {"limit": "1001"}, {"limit": "x"}):
+            async with http.get(f"{base}/status/datasets", params=bad) as resp:
+                assert resp.status == 400, bad
+        async with http.get(f"{base}/status/jobs", params={"limit": "201"}) as resp:
+            assert resp.status == 400

@@ -54,4 +54,4 @@ def test_the_packages_use_it() -> None:
     with pytest.raises(AttributeError, match="module 'coordinator' has no attribute 'Nope'"):
         _ = coordinator.Nope
     assert workers.STATE_VERSION is importlib.import_module("workers._core").STATE_VERSION
-    assert coordinator.fleet_status is importlib.import_module("coordinator.admin._status").fleet_status
+    assert coordinator.fleet_summary is importlib.import_module("coordinator.admin._status").fleet_summary

@@ -65,18 +65,24 @@ def big_doc(shards: int, datasets: int, workers: int) -> dict[str, Any]:
             }
             for s in range(shards)
         ],
-        "open_jobs": [
-            {
-                "job": f"job{j}",
-                "shard": j % shards,
-                "opened_at": now - j,
-                "deadline": now,
-                "datasets": {"a": "open"},
-            }
+        # Not part of the summary: the first pages of GET /status/jobs and /status/datasets.
+        "_jobs": [
+            {"job": f"job{j}", "shards": [j % shards], "opened_at": now - j, "deadline": now}
             for j in range(datasets // 1000 + 1)
         ],
-        "pending": pending,
-        "quarantined": [{"dataset": f"q{i}", "job": "j", "reason": "boom"} for i in range(datasets // 100)],
+        "_pending": pending,
+        "totals": {
+            "open_jobs": datasets // 1000 + 1,
+            "datasets": datasets,
+            "waiting": max(0, datasets - 2 * shards),
+            "queued": shards,
+            "running": shards,
+            "blocked": 0,
+            "quarantined": datasets // 100,
+        },
+        "quarantined": [
+            {"dataset": f"q{i}", "job": "j", "reason": "boom"} for i in range(min(100, datasets // 100))
+        ],
         "in_flight": [
             {
                 "label": f"commit|job|ds{i}",
@@ -95,7 +101,9 @@ def big_doc(shards: int, datasets: int, workers: int) -> dict[str, Any]:
 
 def render(doc: dict[str, Any], top: int | None) -> list[str]:
     buf = io.StringIO()
-    print_status(Console(file=buf, width=140, force_terminal=False), doc, top=top)
+    summary = {k: v for k, v in doc.items() if not k.startswith("_")}
+    out = Console(file=buf, width=140, force_terminal=False)
+    print_status(out, summary, top=top, jobs=doc["_jobs"], pending=doc["_pending"])
     return buf.getvalue().splitlines()
 
 
@@ -104,10 +112,10 @@ def test_status_is_under_60_lines_at_any_size() -> None:
         lines = render(big_doc(shards, datasets, workers), top=5)
         assert len(lines) < 60, (shards, datasets, workers, len(lines), "\n".join(lines))
     text = "\n".join(render(big_doc(64, 100_000, 4), top=5))
-    assert "queued 20000  running 20000" not in text  # totals come from the shard rows, not the list
-    assert "queued 64  running 64" in text
+    assert "queued 64  running 64" in text  # the summary's totals
     assert "... and 59 more shards" in text
     assert "... and 99995 more pending datasets" in text
+    assert "... and 995 more quarantined datasets" in text  # 1000 counted, 100 listed, 5 shown
     # The busiest shard (oldest pending entry) is shown first.
     shard_rows = [ln.split() for ln in text.splitlines() if ln.split()[:1] == ["63"]]
     assert shard_rows and shard_rows[0][1] == "w3"
@@ -115,13 +123,20 @@ def test_status_is_under_60_lines_at_any_size() -> None:
 
 def test_open_jobs_counts_jobs_not_job_shard_pairs() -> None:
     doc = big_doc(8, 0, 2)
-    # One job open on three shards, another on one: the state lists a row per (job, shard).
-    doc["open_jobs"] = [{**doc["open_jobs"][0], "job": "spread", "shard": s} for s in range(3)] + [
-        {**doc["open_jobs"][0], "job": "single", "shard": 5}
+    # One job open on three shards, another on one: the summary counts 2 jobs (fleet_summary walks
+    # the job records' names, tests/fleet/test_status_summary.py), shard rows count job records.
+    doc["_jobs"] = [
+        {**doc["_jobs"][0], "job": "spread", "shards": [0, 1, 2]},
+        {**doc["_jobs"][0], "job": "single"},
     ]
+    doc["totals"]["open_jobs"] = 2
+    for row in doc["shard_table"]:
+        row["open_jobs"] = 1 if row["shard"] in (0, 1, 2, 5) else 0
     text = "\n".join(render(doc, top=5))
     assert "open jobs 2 " in text, text
-    exposition = FleetMetrics().render(doc).decode()
+    assert "0,1,2" in text, text
+    summary = {k: v for k, v in doc.items() if not k.startswith("_")}
+    exposition = FleetMetrics().render(summary).decode()
     assert "commitfleet_open_jobs{" in exposition
     assert re.search(r"^commitfleet_open_jobs\{[^}]*\} 2\.0$", exposition, re.M), exposition
 

@@ -20,7 +20,7 @@ and the staged files they name cleaned up.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Final, Literal, get_args
 
 import msgspec
 
@@ -39,6 +39,8 @@ from ._work import Abort, Action, Commit
 Status = Literal[
     "open", "waiting", "committing", "committed", "aborting", "aborted", "quarantined", "blocked"
 ]
+STATUSES: Final[tuple[Status, ...]] = get_args(Status)
+"""Every status, in the order above (the fields of a shard's ``state:counts``)."""
 TERMINAL: frozenset[str] = frozenset({"committed", "aborted"})
 # Datasets whose staged files now belong to a commit: an abort must not touch them.
 COMMIT_OWNED: frozenset[str] = frozenset({"committing", "committed", "quarantined", "blocked"})

@@ -71,14 +71,55 @@ function renderStatus(doc) {
   fill("workers", doc.workers, (w) => el("tr", { "data-worker": w.id },
     el("td", {}, w.id), el("td", {}, w.host), el("td", {}, w.pid), el("td", {}, ago(w.heartbeat_at)),
     el("td", {}, `${w.shards.length}: ${ranges(w.shards)}`)));
-  fill("pending", doc.pending, (p) => el("tr", { "data-dataset": p.dataset },
-    el("td", {}, pageLink("dataset", p.dataset)), el("td", {}, pageLink("job", p.job)), el("td", {}, p.shard), el("td", {}, p.status),
-    el("td", {}, p.state), el("td", { class: "reason" }, p.reason || "")));
+  const t = doc.totals || {};
+  pendingTotal = (t.waiting || 0) + (t.queued || 0) + (t.running || 0) + (t.blocked || 0);
+  if (!pendingExpanded) loadPending(false);
+  else countPending();
   fill("quarantined", doc.quarantined, (q) => el("tr", { "data-dataset": q.dataset, "data-job": q.job },
     el("td", {}, pageLink("dataset", q.dataset)), el("td", {}, pageLink("job", q.job)), el("td", { class: "reason" }, q.reason),
     el("td", {},
       el("button", { class: "retry", type: "button", onclick: () => act("retry", q) }, "Retry"), " ",
       el("button", { class: "skip", type: "button", onclick: () => act("skip", q) }, "Skip"))));
+}
+
+// The pending table: pages of GET /status/datasets?state=pending (the status summary has only
+// counts), the first page on each refresh, further pages on "more" (then refreshes leave it be).
+const PENDING_PAGE = 100;
+let pendingNext = null;
+let pendingTotal = 0;
+let pendingExpanded = false;
+
+function pendingRow(p) {
+  return el("tr", { "data-dataset": p.dataset },
+    el("td", {}, pageLink("dataset", p.dataset)), el("td", {}, pageLink("job", p.job)), el("td", {}, p.shard),
+    el("td", {}, p.status),
+    el("td", {}, p.state), el("td", { class: "reason" }, p.reason || ""));
+}
+
+function countPending() {
+  const shown = document.querySelector("#pending tbody").rows.length;
+  document.getElementById("pending-count").textContent =
+    shown < pendingTotal ? `(${shown} of ${pendingTotal})` : `(${shown})`;
+  document.getElementById("pending-more").hidden = !pendingNext;
+}
+
+async function loadPending(more) {
+  const body = document.querySelector("#pending tbody");
+  let cursor = more ? pendingNext : null;
+  const rows = [];
+  // A page may come back short (each request reads a bounded part of the state): read on a little.
+  for (let i = 0; i < 10 && rows.length < PENDING_PAGE; i++) {
+    const q = new URLSearchParams({ state: "pending", limit: String(PENDING_PAGE - rows.length) });
+    if (cursor) q.set("cursor", cursor);
+    let page;
+    try { page = await getJSON(`/status/datasets?${q}`); } catch (e) { console.warn(e); return; }
+    rows.push(...page.items.map(pendingRow));
+    cursor = page.next;
+    if (!cursor) break;
+  }
+  pendingNext = cursor;
+  if (more) body.append(...rows); else body.replaceChildren(...rows);
+  countPending();
 }
 
 async function act(op, q, resultId = "action-result") {
@@ -332,6 +373,10 @@ function setupEvents() {
   loadEvents();
 }
 
+document.getElementById("pending-more").addEventListener("click", () => {
+  pendingExpanded = true;
+  loadPending(true);
+});
 refreshStatus();
 refreshHistory();
 setupEvents();
