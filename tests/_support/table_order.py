@@ -149,7 +149,8 @@ async def assert_job_order(
 
     ``jobs`` is the order the jobs' ``job_finished`` were published in (on every shard). A dataset's
     commits are ordered by the lock epoch each manifest was planned under (one commit per lock hold);
-    a table's by its own history. The first violation found is reported with every table's order.
+    a table's by its own history. A violation names the datasets and every table out of order, with the
+    order found.
     """
     want = list(jobs)
     out_of_order: dict[str, list[str]] = {}
@@ -168,11 +169,11 @@ async def assert_job_order(
             got = await delta_job_order(fleet.store, ds)
         if got != want:
             tables_out[f"{ds} ({b.table or 'delta'})"] = got
-    assert not out_of_order, (
-        f"{len(out_of_order)} of {len(datasets)} datasets committed out of job order, e.g. "
-        f"{next(iter(out_of_order.items()))}"
+    assert not out_of_order and not tables_out, (
+        f"{len(out_of_order)} of {len(datasets)} datasets committed out of job order"
+        f"{', e.g. ' + str(next(iter(out_of_order.items()))) if out_of_order else ''}; "
+        f"{len(tables_out)} of {len(bindings)} tables out of job order: {tables_out}"
     )
-    assert not tables_out, f"{len(tables_out)} of {len(bindings)} tables out of job order: {tables_out}"
 
 
 async def jobs_sharing_bound_datasets(
