@@ -251,10 +251,11 @@ class ShardRunner:
             consumer=self._consumer.consumer,
         )
         self.ledger.begin(store)
-        state = await load_or_set_aside(ctx, store, self.stopping)  # waits while unreadable
+        # Replaces the ledger's state under its save lock: work still running from the last
+        # session changes statuses meanwhile (ShardLedger.reload).
+        state = await load_or_set_aside(ctx, self.ledger, self.stopping)  # waits while unreadable
         if state is None:
             return
-        self.ledger.load(state)
         await self.board.keep_only({work_label(k) for k in self.scheduler.running})
         await self._consumer.ensure_group()
         await self._claim_others(forget_idle=True)
