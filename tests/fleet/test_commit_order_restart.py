@@ -1,5 +1,5 @@
-"""Job order is commit order across a Redis restart, and with more of the datasets bound to tables
-(issue 31 item 2; the default variant with owner kills is test_commit_order.py).
+"""Job order is commit order across Redis restarts (issue 31 item 2; the variants with owner kills are
+test_commit_order.py). Marker ``chaos``: ``pytest -m chaos tests/fleet/test_commit_order_restart.py``.
 
 The fleet runs on a private ``redis-server`` with ``appendonly yes`` + ``appendfsync always`` (docs/queue.md
 "Durability": a master that dies and restarts keeps every acknowledged write with AOF). It is SIGKILLed
@@ -41,6 +41,7 @@ def _alive(fleet: Fleet, names: set[str]) -> None:
     assert not dead, f"processes exited (name: code): {dead}"
 
 
+@pytest.mark.chaos  # ~30 s; the race it found is pinned by tests/integration/test_state_store_v2.py
 async def test_commit_order_is_the_job_order_across_a_redis_kill_and_restart(
     fleet: Fleet, aof_redis: RedisServer
 ) -> None:
