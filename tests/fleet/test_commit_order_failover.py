@@ -21,8 +21,10 @@ from typing import Any
 import pytest
 import redis.asyncio
 
+from shared import TransientError
 from shared.queue import Keys, connect, shard_of
 from shared.settings import RedisSettings
+from tests._support.fleet_checks import admin_events
 from tests._support.process_fleet import Fleet, report
 from tests._support.redis_cluster import LocalRedisCluster
 from tests._support.redis_sentinel import LocalSentinelGroup
@@ -62,6 +64,15 @@ def fleet_overrides() -> dict[str, Any]:
     }
 
 
+async def _reads_admin(fleet: Fleet) -> bool:
+    """Return True once the test's own client reads the admin stream again after the failover."""
+    try:
+        await admin_events(fleet.redis, fleet.settings.fleet.name)
+    except TransientError:  # a pooled connection to the killed node fails once, then it reconnects
+        return False
+    return True
+
+
 @pytest.mark.ha
 async def test_commit_order_is_the_job_order_across_a_sentinel_failover(
     fleet: Fleet, redis_sentinel: LocalSentinelGroup
@@ -74,6 +85,7 @@ async def test_commit_order_is_the_job_order_across_a_sentinel_failover(
         started = time.monotonic()
         await asyncio.to_thread(redis_sentinel.wait_failover, killed, FAILOVER_TIMEOUT)
         took_over.append(time.monotonic() - started)
+        await wait_for(lambda: _reads_admin(fleet), timeout=FAILOVER_TIMEOUT, what="the test's client back")
 
     bindings = order_bindings(DATASETS, iceberg=3, delta=3)
     took = await jobs_sharing_bound_datasets(fleet, JOBS, DATASETS, bindings, fail_over)
@@ -100,6 +112,7 @@ async def test_commit_order_is_the_job_order_across_a_cluster_failover(
         promoted = time.monotonic() - started
         await asyncio.to_thread(killed.start)  # its nodes.conf makes it rejoin as the new master's replica
         await asyncio.to_thread(redis_cluster.wait_ok, FAILOVER_TIMEOUT)
+        await wait_for(lambda: _reads_admin(fleet), timeout=FAILOVER_TIMEOUT, what="the test's client back")
         took_over.append(
             f"replica promoted {promoted:.1f}s, old master back {time.monotonic() - started:.1f}s"
         )
