@@ -24,6 +24,7 @@ from shared.queue import as_text, redis_errors
 
 from ._context import WorkerContext
 from ._core import ShardJobs
+from ._ledger import ShardLedger
 from ._state_store import ShardStateStore, ShardStateUnreadable
 
 log = logging.getLogger("workers.shard")
@@ -40,9 +41,10 @@ def aside_key(ctx: WorkerContext, shard: int) -> str:
 
 
 async def load_or_set_aside(
-    ctx: WorkerContext, store: ShardStateStore, stopping: asyncio.Event
+    ctx: WorkerContext, ledger: ShardLedger, stopping: asyncio.Event
 ) -> ShardJobs | None:
-    """Return the shard's state once it can be read; None when ``stopping`` is set first.
+    """Return the shard's state once it can be read (the ledger's state from then on: read by
+    :meth:`ShardLedger.reload` through its session's store); None when ``stopping`` is set first.
 
     Raises:
         Fenced: the shard's owner token is no longer ours (checked before the
@@ -51,11 +53,13 @@ async def load_or_set_aside(
 
     Cancellation: nothing to undo; the marker stays until the state reads.
     """
+    store = ledger.store
+    assert store is not None
     marker = aside_key(ctx, store.shard)
     announced: tuple[str, str, str] | None = None
     while True:
         try:
-            state = await store.load()
+            state = await ledger.reload()
         except ShardStateUnreadable as exc:
             problem = (exc.key, exc.field, exc.reason)
         else:

@@ -38,8 +38,33 @@ class ShardLedger:
         self.store = store
 
     def load(self, state: ShardJobs) -> None:
-        """Replace the in-memory state with ``state`` (as loaded at a session start)."""
+        """Replace the in-memory state with ``state`` (tests and benches; a session uses :meth:`reload`)."""
         self.state = state
+
+    async def reload(self) -> ShardJobs:
+        """Read the shard's saved state through the session's store, make it the in-memory state and
+        return it; under the save lock.
+
+        Work goes on running across a session restart (the scheduler outlives
+        sessions), and its status changes with it. Under the lock each change is
+        either saved before the read (so in what is read) or applied to what was
+        read: none is saved after the read but applied to the state being
+        replaced. One that was (a commit's ``committed`` saved while a restarted
+        session read the state) left the reloaded state with that job still
+        first in the dataset's line, its commit the one that had just ended, and
+        every later job's commit of the dataset unreleased until the next
+        session start (issue 31 item 2: found across a Redis restart).
+
+        Raises:
+            ShardStateUnreadable, Fenced, TransientError: as :meth:`ShardStateStore.load`;
+                the state in memory is then unchanged.
+
+        Cancelled: the state in memory is unchanged; re-raised.
+        """
+        assert self.store is not None
+        async with self.save_turn():
+            self.state = await self.store.load()
+            return self.state
 
     @property
     def save_wanted(self) -> bool:

@@ -252,10 +252,11 @@ class ShardRunner:
             consumer=self._consumer.consumer,
         )
         self.ledger.begin(store)
-        state = await load_or_set_aside(ctx, store, self.stopping)  # waits while unreadable
+        # Replaces the ledger's state under its save lock: work still running from the last
+        # session changes statuses meanwhile (ShardLedger.reload).
+        state = await load_or_set_aside(ctx, self.ledger, self.stopping)  # waits while unreadable
         if state is None:
             return
-        self.ledger.load(state)
         if ctx.tracer.enabled:  # spans of work resumed here hang under the jobs' producer contexts
             for meta in state.jobs.values():
                 if meta.trace is not None:

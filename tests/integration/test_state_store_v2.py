@@ -3,15 +3,17 @@ migration of a v1 shard on load, and a status change that writes one small field
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import msgspec
 import pytest
 import redis.asyncio
 
-from shared.events import DatasetExpectation, JobFinished, JobStarted, StagedFile, TaskFinished
+from shared.events import DatasetExpectation, JobFinished, JobStarted, QueueEvent, StagedFile, TaskFinished
 from shared.queue import Keys
 from tests._support.shard_state import SHARD
+from tests._support.wait import wait_for
 from workers._core import STATE_VERSION, Commit, ShardJobs, decide
 from workers._ledger import ShardLedger
 from workers._state_store import Batch, ShardStateStore, ShardStateUnreadable
@@ -167,3 +169,68 @@ async def test_a_status_change_writes_one_small_field_and_the_jobs_end_drops_eve
     for key in (jobs_key, ds_key, keys.shard_state(SHARD, "attempts")):
         assert not await redis_client.exists(key), key
     assert (await store.load()).ended["j"].status == "committed"
+
+
+async def test_a_status_change_saved_while_a_new_session_reads_the_state_releases_the_next_commit(
+    redis_client: redis.asyncio.Redis, fleet_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Work runs on across a session restart: a commit's ``committed`` may be saved while the new session
+    reads the state. Found across a Redis restart (tests/fleet/test_commit_order_restart.py): the read
+    came first, the save's release was computed on the state it then replaced, and the next job's commit
+    of the dataset never ran. The reload waits for the save lock instead."""
+    keys = Keys(fleet_name)
+    store = await _owned(redis_client, keys)
+    state = ShardJobs()
+    batch = Batch()
+    # Both jobs finished dataset d, early first; early has another dataset, so d's commit does not end it.
+    for job, names in (("early", ["d", "e"]), ("late", ["d"])):
+        events: list[QueueEvent] = [JobStarted(job=job, datasets=names, timeout_s=600, started_at=0.0)]
+        events += [
+            TaskFinished(
+                job=job, dataset=n, task=0, attempt=0, files=[StagedFile(path="p", size=1)], finished_at=0
+            )
+            for n in names
+        ]
+        events.append(
+            JobFinished(job=job, datasets=dict.fromkeys(names, DatasetExpectation(tasks=1)), finished_at=0)
+        )
+        for ev in events:
+            d = decide(state, ev, now=0.0, default_timeout=600.0)
+            state.apply(d)
+            if d.job is not None:
+                batch.jobs.add(d.job.job)
+            batch.datasets.update((d.job_id, name) for name in d.datasets or ())
+    await store.save(batch, state)
+    released: list[Commit] = []
+    ledger = ShardLedger(release=released.append)
+    ledger.begin(store)
+    await ledger.reload()
+    assert ledger.state.resumed() == [Commit(job="early", dataset="d"), Commit(job="early", dataset="e")]
+
+    gate = asyncio.Event()
+    real_save = store.save
+
+    async def held_save(batch: Batch, state: ShardJobs) -> None:
+        await gate.wait()  # the change is applied in memory, its save not yet in Redis
+        await real_save(batch, state)
+
+    monkeypatch.setattr(store, "save", held_save)
+    async with asyncio.TaskGroup() as tg:
+        change = tg.create_task(ledger.set_status("early", "d", "committed"))
+
+        async def change_holds_the_lock() -> bool:
+            return ledger.save_lock.locked()
+
+        await wait_for(change_holds_the_lock, what="the status change under the save lock")
+        reload = tg.create_task(ledger.reload())
+
+        async def reload_done_or_waiting() -> bool:
+            return reload.done() or ledger.save_wanted
+
+        await wait_for(reload_done_or_waiting, what="the reload read the state or waits for the lock")
+        gate.set()
+    assert change.done() and reload.done()
+    assert released == [Commit(job="late", dataset="d")], "early passed d on: late's commit is released"
+    assert ledger.state.due("d") == Commit(job="late", dataset="d")
+    assert ledger.state.jobs["early"].datasets["d"].status == "committed"
+    assert (await store.load()).due("d") == Commit(job="late", dataset="d")
