@@ -8,8 +8,8 @@ port). What the fleet writes (Delta protocol, reader 1 / writer 2, or reader 3
   converted from the first Parquet file's Arrow schema, the partition columns
   from its Hive folders);
 - every commit: ``commitInfo`` (with ``commitfleet: {job, dataset}``), one
-  ``txn`` (``appId`` = the dataset's binding id, ``version`` = the table
-  version the commit lands at), one ``add`` per published Parquet file (path
+  ``txn`` (``appId`` = the dataset's binding id, ``version`` = the job's
+  sequence for the dataset, see :mod:`._delta`), one ``add`` per published Parquet file (path
   relative to the table and URL-encoded, size, partition values, statistics
   JSON); ``overwrite`` also one ``remove`` per file of the current snapshot.
 
@@ -381,6 +381,7 @@ def commit_body(
     dataset: str,
     job: str,
     version: int,
+    txn_version: int,
     mode: str,
     adds: Sequence[AddFile],
     removes: Sequence[Mapping[str, Any]],
@@ -390,6 +391,7 @@ def commit_body(
 ) -> bytes:
     """Return the newline-delimited JSON of the commit that lands ``job``'s files at ``version``.
 
+    ``txn_version`` is the version of its ``txn`` (the job's sequence);
     ``removes`` are the ``add`` actions of the current snapshot (overwrite);
     ``new_table`` is given for the first commit only.
     """
@@ -425,7 +427,7 @@ def commit_body(
                 }
             }
         )
-    actions.append({"txn": {"appId": app_id(dataset), "version": version, "lastUpdated": now_ms}})
+    actions.append({"txn": {"appId": app_id(dataset), "version": txn_version, "lastUpdated": now_ms}})
     for old in removes:
         rm: dict[str, Any] = {
             "path": old["path"],
@@ -458,9 +460,12 @@ class DeltaState:
     """A table's state at ``version``: what the fleet needs to commit on top of it and to audit it.
 
     ``files``: the current snapshot's ``add`` actions by path; ``txns``: the
-    latest version of each application id; ``fleet_commits``: version ->
-    (dataset, job) of the fleet's commits replayed from JSON (a checkpoint
-    keeps no ``commitInfo``).
+    latest version of each application id; ``txn_at``: the table version
+    whose commit set it, for those a replayed JSON commit set (not those a
+    checkpoint holds: it keeps no table version of a ``txn``);
+    ``fleet_commits``: version -> (dataset, job) of the fleet's commits
+    replayed from JSON (a checkpoint keeps no ``commitInfo``); ``checkpoint``:
+    the version of the checkpoint the replay started from (-1: none).
     """
 
     version: int = -1
@@ -468,7 +473,9 @@ class DeltaState:
     metadata: dict[str, Any] | None = None
     files: dict[str, dict[str, Any]] = field(default_factory=dict)
     txns: dict[str, int] = field(default_factory=dict)
+    txn_at: dict[str, int] = field(default_factory=dict)
     fleet_commits: dict[int, tuple[str, str]] = field(default_factory=dict)
+    checkpoint: int = -1
 
     def copy(self) -> DeltaState:
         """Return a copy that replaying more commits onto leaves this one as it is."""
@@ -478,7 +485,9 @@ class DeltaState:
             metadata=self.metadata,
             files=dict(self.files),
             txns=dict(self.txns),
+            txn_at=dict(self.txn_at),
             fleet_commits=dict(self.fleet_commits),
+            checkpoint=self.checkpoint,
         )
 
     def apply(self, version: int, body: bytes, where: str) -> None:
@@ -509,6 +518,10 @@ class DeltaState:
             self.files.pop(rm["path"], None)
         elif (txn := action.get("txn")) is not None:
             self.txns[txn["appId"]] = int(txn["version"])
+            if version >= 0:
+                self.txn_at[txn["appId"]] = version
+            else:  # from a checkpoint: the table version that set it is not known
+                self.txn_at.pop(txn["appId"], None)
         elif (md := action.get("metaData")) is not None:
             self.metadata = md
         elif (proto := action.get("protocol")) is not None:
@@ -537,6 +550,7 @@ class DeltaState:
                     if value is not None:
                         self._action({kind: _from_checkpoint(value)}, -1)
         self.version = version
+        self.checkpoint = version
 
     def partition_columns(self) -> list[str]:
         """Return the table's partition columns (none before its first commit)."""

@@ -153,6 +153,7 @@ def _body(version: int, *, mode: str = "append", removes: list[dict[str, Any]] |
         dataset="sales",
         job=f"job-{version}",
         version=version,
+        txn_version=100 + version,  # the job's sequence, not the table version
         mode=mode,
         adds=[AddFile(rel=f"job-{version}~00000-a.parquet", size=10, partition={}, stats={"numRecords": 1})],
         removes=removes or [],
@@ -168,7 +169,8 @@ def test_replay_of_fleet_commits_tracks_files_txns_and_jobs() -> None:
     state.apply(2, _body(2, mode="overwrite", removes=list(state.files.values())), "v2")
     assert state.version == 2
     assert list(state.files) == ["job-2~00000-a.parquet"]
-    assert state.txns == {app_id("sales"): 2}
+    assert state.txns == {app_id("sales"): 102}
+    assert state.txn_at == {app_id("sales"): 2}  # the table version whose commit set it
     assert state.fleet_commits == {0: ("sales", "job-0"), 1: ("sales", "job-1"), 2: ("sales", "job-2")}
     assert state.protocol == {"minReaderVersion": 1, "minWriterVersion": 2}
     state.check_writable("overwrite")
@@ -183,6 +185,7 @@ def test_a_checkpoint_replays_to_the_same_state() -> None:
     again = DeltaState()
     again.apply_checkpoint(1, [data], "cp")
     assert (again.version, again.txns) == (1, state.txns)
+    assert (again.txn_at, again.checkpoint) == ({}, 1)  # a checkpoint keeps no table version of a txn
     assert again.protocol is not None
     assert {k: v for k, v in again.protocol.items() if v is not None} == state.protocol
     assert again.metadata is not None and state.metadata is not None
