@@ -21,6 +21,7 @@ from shared.commit._delta_log import (
     app_id,
     checkpoint_body,
     commit_body,
+    decimal_bound,
     decode_path,
     delta_schema,
     encode_path,
@@ -28,6 +29,7 @@ from shared.commit._delta_log import (
     partition_values,
     read_listing,
     schema_mismatch,
+    timestamp_bound,
 )
 
 _TYPES: list[tuple[str, pa.DataType]] = [
@@ -106,9 +108,46 @@ def test_file_stats_from_the_footer_span_every_row_group() -> None:
     assert stats["maxValues"]["s"] == "x" * 32 + "\x7f"
     assert stats["minValues"]["d"] == "2023-05-01" and stats["maxValues"]["d"] == "2024-01-02"
     assert stats["nullCount"]["n"] == 1 and stats["nullCount"]["d"] == 2
-    for col in ("f", "ts", "flag", "dec", "st", "st.a"):
+    assert (stats["minValues"]["ts"], stats["maxValues"]["ts"]) == ("2024-01-01T00:00:00.000",) * 2
+    assert (stats["minValues"]["flag"], stats["maxValues"]["flag"]) == (False, True)
+    dec = msgspec.json.encode([stats["minValues"]["dec"], stats["maxValues"]["dec"]])
+    assert dec == b"[1.000,1.000]"  # exact, at the column's scale
+    for col in ("f", "st", "st.a"):  # floats (NaN), nested
         assert col not in stats["minValues"] and col not in stats["maxValues"]
     assert stats["nullCount"]["f"] == 0
+
+
+@pytest.mark.parametrize(
+    ("value", "unit", "tz", "upper", "text"),
+    [
+        (1_500, "us", False, False, "1970-01-01T00:00:00.001"),
+        (1_500, "us", False, True, "1970-01-01T00:00:00.002"),
+        (-1_500, "us", True, False, "1969-12-31T23:59:59.998Z"),
+        (-1_500, "us", True, True, "1969-12-31T23:59:59.999Z"),
+        (1_000_001, "ns", False, True, "1970-01-01T00:00:00.002"),
+        (7, "s", True, True, "1970-01-01T00:00:07.000Z"),
+        (5, "ms", False, True, "1970-01-01T00:00:00.005"),
+        (-62135596800000000, "us", False, False, "0001-01-01T00:00:00.000"),
+        (-62135596800000001, "us", False, False, None),  # before year 1
+        (253402300799999999, "us", False, True, None),  # 9999-12-31T23:59:59.999999: rounded up, past 9999
+        (253402300799999000, "us", True, True, "9999-12-31T23:59:59.999Z"),
+    ],
+)
+def test_timestamp_bounds_are_milliseconds_a_maximum_rounded_up(
+    value: int, unit: str, tz: bool, upper: bool, text: str | None
+) -> None:
+    assert timestamp_bound(value, unit, tz, upper) == text
+
+
+def test_decimal_bounds_are_exact_json_numbers_of_their_scale() -> None:
+    cases = [
+        (decimal.Decimal("-0.0000001"), 7, b"-0.0000001"),  # str() would give -1E-7
+        (decimal.Decimal("0"), 8, b"0.00000000"),
+        (decimal.Decimal("12"), 0, b"12"),
+        (decimal.Decimal("9" * 32 + ".999999"), 6, ("9" * 32 + ".999999").encode()),  # over 28 digits
+    ]
+    for value, scale, raw in cases:
+        assert msgspec.json.encode(decimal_bound(value, scale)) == raw
 
 
 def test_partition_values_from_hive_folders() -> None:
