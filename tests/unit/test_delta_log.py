@@ -302,3 +302,24 @@ def test_schema_mismatch_names_the_column() -> None:
     assert schema_mismatch(table, fewer, []) is None  # a nullable column the file lacks: nulls
     assert "note" in (schema_mismatch(table, extra, []) or "")
     assert "amount" in (schema_mismatch(table, other, []) or "")
+
+
+def test_nanosecond_timestamps_get_bounds_from_the_footers_raw_values() -> None:
+    """pyarrow cannot make a datetime of a nanosecond bound (without pandas it raises): the raw count does."""
+    t = pa.table(
+        {
+            "ns": pa.array([1_000_001, 5_999_999_999], pa.timestamp("ns")),
+            "nstz": pa.array([-1, 0], pa.timestamp("ns", tz="UTC")),
+        }
+    )
+    buf = io.BytesIO()
+    pq.write_table(t, buf, coerce_timestamps=None, version="2.6")
+    stats = file_stats(pq.read_metadata(io.BytesIO(buf.getvalue())))
+    assert (stats["minValues"]["ns"], stats["maxValues"]["ns"]) == (
+        "1970-01-01T00:00:00.001",
+        "1970-01-01T00:00:06.000",
+    )
+    assert (stats["minValues"]["nstz"], stats["maxValues"]["nstz"]) == (
+        "1969-12-31T23:59:59.999Z",
+        "1970-01-01T00:00:00.000Z",
+    )
