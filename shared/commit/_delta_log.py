@@ -168,7 +168,8 @@ def timestamp_bound(value: int, unit: str, tz: bool, upper: bool) -> str | None:
 
     ``value`` counts ``unit`` (s, ms, us, ns) since the epoch. Delta keeps
     milliseconds: a minimum is cut down to them, a maximum rounded up (so it
-    stays an upper bound: delta-rs cuts it down, which is below the value).
+    is an upper bound to any reader: delta-rs cuts it down, below the value,
+    which only readers that widen it by a millisecond, as delta-rs does, take right).
     With ``tz`` (Delta ``timestamp``) ``2024-01-01T12:00:00.123Z``; without
     (``timestamp_ntz``) the same without the ``Z``, the form Spark's JSON
     writes (delta-rs writes a space for the ``T``; it reads both).

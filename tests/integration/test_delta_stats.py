@@ -389,8 +389,7 @@ async def test_delta_rs_skips_files_by_the_fleets_timestamp_date_decimal_bounds_
         assert (adds["job-1"]["min.s"], adds["job-1"]["max.s"]) == ('"quoted"\n\\', "\u2028😀\x00")
         for a in adds.values():  # a column of nulls only: its null count, no bounds
             assert (a["null_count.nothing"], a["min.nothing"], a["max.nothing"]) == (2, None, None)
-        # Every match found, including a maximum's microseconds (a bound cut down to milliseconds, as
-        # delta-rs writes its own, would skip r0b's file).
+        # Every match found, including a maximum's microseconds (the bound is rounded up to milliseconds).
         assert _query(table, "ts = '2024-01-02 00:00:00.000999'") == ["r0b"]
         assert _query(table, "tstz = '2024-01-02T00:00:00.000999Z'") == ["r0b"]
         assert _query(table, "ts > '2024-12-31 00:00:00'") == ["r2b"]
