@@ -263,6 +263,8 @@ class CommitToDelta(CommitStep, frozen=True, kw_only=True, tag="delta"):
     """Land the job's published Parquet files (``files``: keys under ``<dataset>/``) as one Delta version."""
 
     phase: ClassVar[Phase] = "apply"
+    # ``seq``: a worker older than it would take the txn version for a table version (see WAL_VERSIONS).
+    wal_version: ClassVar[int] = 2
 
     dataset: str
     job: str

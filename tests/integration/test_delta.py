@@ -761,7 +761,9 @@ async def test_a_write_ahead_log_planned_without_the_sequence_still_recovers(
         key = wal_key("sales", "job-1")
         doc = msgspec.json.decode((await store.read(key)).data)
         (delta,) = [s for s in doc["steps"] if s["kind"] == "delta"]
-        assert delta.pop("seq") == 8  # written by this version: now made as an older one wrote it
+        # Written by this version (v2: a Delta step with its seq), now made as an older one wrote it.
+        assert (doc["v"], delta.pop("seq")) == (2, 8)
+        doc["v"] = 1
         await store.write(key, msgspec.json.encode(doc))
         old = decode_sequence((await store.read(key)).data)
         assert [s.seq for s in old.steps if isinstance(s, CommitToDelta)] == [0]
