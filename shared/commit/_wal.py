@@ -47,8 +47,8 @@ WAL_VERSIONS: Final = frozenset({FORMAT_VERSION, 2})
 """The log format versions this code reads. v2 (issue 31): the log holds a Delta step with ``seq``
 (:class:`._delta.CommitToDelta`), whose ``txn`` version is the job's sequence, not a table version. A log
 without one is still written as v1; a v1 log's Delta step reads as ``seq`` 0. A worker older than v2
-refuses a v2 log (it quarantines the sequence) instead of taking the job's sequence for the table
-version of its commit, which could land a job's Delta version twice."""
+cannot read a v2 log (the dataset's commits stop there with the reason) instead of taking the job's
+sequence for the table version of its commit, which could land a job's Delta version twice."""
 
 
 def wal_version(steps: list[CommitStep]) -> int:
