@@ -77,8 +77,8 @@ from ._table_files import DescribedFile, winner_parquet_files
 
 LAST_CHECKPOINT = "_last_checkpoint"
 _READS = 8
-TXN_SCAN: Final = 64
-"""How many commits at and before a checkpoint :func:`txn_owner` reads for the one that set its ``txn``."""
+TXN_READS: Final = 8
+"""How many commits :func:`txn_owner` reads at once, back from a checkpoint, for the one that set its txn."""
 
 DELTA_STATES: Final = 64
 """How many tables' replayed states a process keeps (each holds its snapshot's add actions)."""
@@ -206,14 +206,15 @@ async def txn_owner(store: ObjectStore, dataset: str, state: DeltaState) -> tupl
 
     The commit is known when a replayed JSON commit set it; when the
     checkpoint the replay started from holds it, it is the newest commit at
-    or before the checkpoint that carries a ``txn`` of the application id
-    (the checkpoint's own version first: the fleet checkpoints the version it
-    just landed), at most :data:`TXN_SCAN` of them, newest first.
+    or before the checkpoint that carries a ``txn`` of the application id,
+    read newest first, :data:`TXN_READS` at a time (the checkpoint's own
+    version first: the fleet checkpoints the version it just landed, so one
+    read as a rule; another writer's commits since then are read through).
 
     Raises:
-        CommitStepFailed: that commit's file is gone (cleaned up behind a
-            checkpoint), it carries another ``txn`` version, or none of the
-            commits read carries one.
+        CommitStepFailed: a commit file on the way is gone (cleaned up behind
+            a checkpoint), the commit carries another ``txn`` version, or no
+            commit carries one.
         TransientError / OutcomeUnknown: the store failed.
     """
     app = app_id(dataset)
@@ -224,30 +225,54 @@ async def txn_owner(store: ObjectStore, dataset: str, state: DeltaState) -> tupl
     if at is not None:
         return await fleet_commit_at(store, dataset, state, at)
     prefix = log_prefix(dataset)
-    for version in range(state.checkpoint, max(-1, state.checkpoint - TXN_SCAN), -1):
-        key = prefix + commit_name(version)
+    bodies: dict[int, bytes | None] = {}
+
+    async def one(version: int) -> None:
         try:
-            body = (await store.read(key)).data
-        except NotFound as exc:
-            raise CommitStepFailed(f"{key} is gone: cannot tell which job set txn {latest} of {app}") from exc
-        one = DeltaState()
-        one.apply(version, body, key)
-        if app in one.txns:
-            if one.txns[app] != latest:
-                raise CommitStepFailed(f"{key} sets txn {one.txns[app]} of {app}, its checkpoint {latest}")
-            return one.fleet_commits.get(version)
+            bodies[version] = (await store.read(prefix + commit_name(version))).data
+        except NotFound:
+            bodies[version] = None  # an error only if the search gets to it
+
+    top = state.checkpoint
+    while top >= 0:
+        versions = list(range(top, max(-1, top - TXN_READS), -1))
+        bodies.clear()
+        await for_each_bounded(versions, one, TXN_READS)
+        for version in versions:  # newest first
+            key = prefix + commit_name(version)
+            body = bodies[version]
+            if body is None:
+                raise CommitStepFailed(f"{key} is gone: cannot tell which job set txn {latest} of {app}")
+            found = DeltaState()
+            found.apply(version, body, key)
+            if app in found.txns:
+                if found.txns[app] != latest:
+                    raise CommitStepFailed(
+                        f"{key} sets txn {found.txns[app]} of {app}, its checkpoint {latest}"
+                    )
+                return found.fleet_commits.get(version)
+        top -= TXN_READS
     raise CommitStepFailed(
-        f"{prefix}: no commit of the {TXN_SCAN} at and before checkpoint {state.checkpoint} sets txn {latest}"
+        f"{prefix}: no commit up to checkpoint {state.checkpoint} sets txn {latest} of {app}"
     )
 
 
-async def job_done(store: ObjectStore, dataset: str, job: str, state: DeltaState | None) -> bool:
+async def job_done(
+    store: ObjectStore, dataset: str, job: str, state: DeltaState | None, seq: int = 0
+) -> bool:
     """Return True when the newest fleet ``txn`` of the dataset is this job's commit (see the module doc).
+
+    ``seq``: the job's sequence. A commit of it would have set a ``txn`` of at
+    least ``seq``, and no later one can exist while its sequence is open: a
+    latest ``txn`` below ``seq`` answers False without looking for its commit.
 
     Raises:
         As :func:`txn_owner`.
     """
     if state is None:
+        return False
+    latest = state.txns.get(app_id(dataset))
+    if latest is None or latest < seq:
         return False
     return await txn_owner(store, dataset, state) == (dataset, job)
 
@@ -290,7 +315,8 @@ class CommitToDelta(CommitStep, frozen=True, kw_only=True, tag="delta"):
             CommitStepFailed: the log is unreadable.
             TransientError / OutcomeUnknown: the store failed.
         """
-        return await job_done(ctx.store, self.dataset, self.job, await read_state(ctx.store, self.dataset))
+        state = await read_state(ctx.store, self.dataset)
+        return await job_done(ctx.store, self.dataset, self.job, state, self.seq)
 
     async def execute(self, ctx: StepContext) -> None:
         """Land the version unless it is there. Raises as :meth:`ensure`."""
@@ -316,7 +342,7 @@ class CommitToDelta(CommitStep, frozen=True, kw_only=True, tag="delta"):
         """
         store = ctx.store
         state = await read_state(store, self.dataset)
-        if await job_done(store, self.dataset, self.job, state):
+        if await job_done(store, self.dataset, self.job, state, self.seq):
             return False
         if state is not None:
             state.check_writable(self.mode)
@@ -341,7 +367,7 @@ class CommitToDelta(CommitStep, frozen=True, kw_only=True, tag="delta"):
         try:
             landed = await store.write_if_absent(key, body)
         except PreconditionFailed as exc:
-            if await job_done(store, self.dataset, self.job, await read_state(store, self.dataset)):
+            if await job_done(store, self.dataset, self.job, await read_state(store, self.dataset), self.seq):
                 return False  # another holder landed it between our read and our create
             raise TransientError(f"{key}: another commit took version {version}; re-checking") from exc
         ctx.probe("table.committed")

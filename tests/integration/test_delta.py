@@ -780,8 +780,9 @@ async def test_a_write_ahead_log_planned_without_the_sequence_still_recovers(
 async def test_the_done_check_finds_the_commit_behind_a_checkpoint_that_set_the_txn(
     tmp_path: Path, make_target: MakeTarget
 ) -> None:
-    """The fleet checkpoints version 10, delta-rs appends 11 (no txn) and checkpoints it, versions 0-9 are
-    cleaned up: a fresh worker's state has the txn from the checkpoint, the done check reads back to 10."""
+    """The fleet checkpoints version 10, delta-rs appends 11-20 (no txn) and checkpoints 20, versions 0-9 are
+    cleaned up: a fresh worker's state has the txn from the checkpoint, the done check reads back to 10;
+    a job whose sequence is above the latest txn is not done, without a read."""
     target = make_target("local")
     settings = fast_settings()
     async with target.open() as store:
@@ -794,16 +795,22 @@ async def test_the_done_check_finds_the_commit_behind_a_checkpoint_that_set_the_
                 await commit_dataset(store, req, ManualLease("sales", i + 1), settings, extra_steps=[step])
             ).ok
         seed = pa.table({"id": pa.array(["x"], pa.string()), "amount": pa.array([1], pa.int64())})
-        write_deltalake(str(root / "sales"), seed, mode="append")
+        for _ in range(10):
+            write_deltalake(str(root / "sales"), seed, mode="append")
         DeltaTable(str(root / "sales")).create_checkpoint()
         for v in range(10):
             await store.delete(f"sales/_delta_log/{v:020d}.json")
         state = await read_state(store, "sales", cached=False)
-        assert state is not None and (state.version, state.checkpoint, state.txn_at) == (11, 11, {})
+        assert state is not None and (state.version, state.checkpoint, state.txn_at) == (20, 20, {})
         assert state.txns == {"commitfleet/sales": 120}
         ctx = StepContext(store=store, lease=ManualLease("sales", 30), settings=settings)
         assert await planned[10][1].is_done(ctx)
         assert not await planned[9][1].is_done(ctx)
+        later = _sequenced(await stage_delta_job(store, "sales", "job-11", n=1), 121)[1]
+        counting = _CountingStore(store, "sales/_delta_log/")
+        ctx_counting = StepContext(store=counting, lease=ManualLease("sales", 30), settings=settings)  # type: ignore[arg-type]
+        assert not await later.is_done(ctx_counting)
+        assert (counting.lists, counting.reads) == (0, [])
         assert await planned[10][1].ensure(ctx) is False
         # With the fleet's commit 10 gone too, no job can be told done: the sequence is set aside, not re-run.
         await store.delete(f"sales/_delta_log/{10:020d}.json")
