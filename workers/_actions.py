@@ -137,6 +137,7 @@ class Actions:
             ],
             expected_tasks=len(winners),
             stream=self._stream_of(work.job),
+            seq=self._fin_of(work.job, work.dataset),
         )
         files = sum(len(a.files) for a in winners)
         size = sum(f.size for a in winners for f in a.files)
@@ -176,6 +177,12 @@ class Actions:
         """The micro-batch a streaming job commits (its ``job_started``), else None."""
         meta = self._ledger.state.jobs.get(job)
         return None if meta is None else meta.stream
+
+    def _fin_of(self, job: str, dataset: str) -> int:
+        """The shard's decision sequence of the ``job_finished`` that named ``dataset`` (0: not known)."""
+        meta = self._ledger.state.jobs.get(job)
+        ds = None if meta is None else meta.datasets.get(dataset)
+        return 0 if ds is None else ds.fin
 
     def _table_steps(self, req: CommitRequest) -> list[CommitToTable | CommitToDelta]:
         """The table step of a bound dataset (the job's binding, else the fleet's), else none."""

@@ -11,15 +11,24 @@ create-if-absent of ``_delta_log/<version:020>.json``: the same conditional
 write the fleet uses everywhere, so it works alike on every store and every
 store call can fail or crash the way the fault tests make them.
 
-Done means: the latest ``txn`` of the dataset's application id
-(:func:`._delta_log.app_id`) was written by this job's commit. Its version is
-the table version that commit landed at, so the check reads one commit file.
-That "latest" is enough because the dataset's sequences run one at a time
-under its lock, oldest first (a later job's sequence cannot start before this
-one finished), and a holder checks its lease just before the create: a commit
-of this job, if there is one, is the newest fleet commit of the dataset. Of two
-holders racing (a stale one and the next), both aim at the same next version;
-the create lets one land, the other re-reads and finds the job there.
+The commit's ``txn`` (application id :func:`._delta_log.app_id`) carries the
+job's sequence for the dataset (:attr:`CommitToDelta.seq`: the ``fin`` of the
+shard's ``job_finished`` decision, which a dataset's commits run in), raised to
+one above the table's latest fleet ``txn`` when it is not above it (a sequence
+that restarted lower: see docs/tables.md), so that the versions a Delta
+reader or writer sees under the application id rise in job order. A step
+planned before the field existed has ``seq`` 0: its ``txn`` is one above the
+latest (the table version on a table only the fleet writes, as it was).
+
+Done means: the latest ``txn`` of the dataset's application id was written by
+this job's commit (the commit that set it names the job in its
+``commitInfo``: :func:`txn_owner` finds it). That "latest" is enough because
+the dataset's sequences run one at a time under its lock, oldest first (a
+later job's sequence cannot start before this one finished), and a holder
+checks its lease just before the create: a commit of this job, if there is
+one, is the newest fleet commit of the dataset. Of two holders racing (a
+stale one and the next), both aim at the same next version; the create lets
+one land, the other re-reads and finds the job there.
 
 Every ``delta.checkpointInterval`` versions (default 10) the holder that
 landed a version also writes its classic Parquet checkpoint and
@@ -68,6 +77,8 @@ from ._table_files import DescribedFile, winner_parquet_files
 
 LAST_CHECKPOINT = "_last_checkpoint"
 _READS = 8
+TXN_READS: Final = 8
+"""How many commits :func:`txn_owner` reads at once, back from a checkpoint, for the one that set its txn."""
 
 DELTA_STATES: Final = 64
 """How many tables' replayed states a process keeps (each holds its snapshot's add actions)."""
@@ -190,20 +201,95 @@ async def fleet_commit_at(
     return one.fleet_commits.get(version)
 
 
-async def job_done(store: ObjectStore, dataset: str, job: str, state: DeltaState | None) -> bool:
-    """Return True when the newest fleet ``txn`` of the dataset is this job's commit (see the module doc)."""
+async def txn_owner(store: ObjectStore, dataset: str, state: DeltaState) -> tuple[str, str] | None:
+    """Return (dataset, job) of the fleet commit that set the dataset's latest ``txn``, or None (none yet).
+
+    The commit is known when a replayed JSON commit set it; when the
+    checkpoint the replay started from holds it, it is the newest commit at
+    or before the checkpoint that carries a ``txn`` of the application id,
+    read newest first, :data:`TXN_READS` at a time (the checkpoint's own
+    version first: the fleet checkpoints the version it just landed, so one
+    read as a rule; another writer's commits since then are read through).
+
+    Raises:
+        CommitStepFailed: a commit file on the way is gone (cleaned up behind
+            a checkpoint), the commit carries another ``txn`` version, or no
+            commit carries one.
+        TransientError / OutcomeUnknown: the store failed.
+    """
+    app = app_id(dataset)
+    latest = state.txns.get(app)
+    if latest is None:
+        return None
+    at = state.txn_at.get(app)
+    if at is not None:
+        return await fleet_commit_at(store, dataset, state, at)
+    prefix = log_prefix(dataset)
+    bodies: dict[int, bytes | None] = {}
+
+    async def one(version: int) -> None:
+        try:
+            bodies[version] = (await store.read(prefix + commit_name(version))).data
+        except NotFound:
+            bodies[version] = None  # an error only if the search gets to it
+
+    top = state.checkpoint
+    while top >= 0:
+        versions = list(range(top, max(-1, top - TXN_READS), -1))
+        bodies.clear()
+        await for_each_bounded(versions, one, TXN_READS)
+        for version in versions:  # newest first
+            key = prefix + commit_name(version)
+            body = bodies[version]
+            if body is None:
+                raise CommitStepFailed(f"{key} is gone: cannot tell which job set txn {latest} of {app}")
+            found = DeltaState()
+            found.apply(version, body, key)
+            if app in found.txns:
+                if found.txns[app] != latest:
+                    raise CommitStepFailed(
+                        f"{key} sets txn {found.txns[app]} of {app}, its checkpoint {latest}"
+                    )
+                return found.fleet_commits.get(version)
+        top -= TXN_READS
+    raise CommitStepFailed(
+        f"{prefix}: no commit up to checkpoint {state.checkpoint} sets txn {latest} of {app}"
+    )
+
+
+async def job_done(
+    store: ObjectStore, dataset: str, job: str, state: DeltaState | None, seq: int = 0
+) -> bool:
+    """Return True when the newest fleet ``txn`` of the dataset is this job's commit (see the module doc).
+
+    ``seq``: the job's sequence. A commit of it would have set a ``txn`` of at
+    least ``seq``, and no later one can exist while its sequence is open: a
+    latest ``txn`` below ``seq`` answers False without looking for its commit.
+
+    Raises:
+        As :func:`txn_owner`.
+    """
     if state is None:
         return False
-    version = state.txns.get(app_id(dataset))
-    if version is None:
+    latest = state.txns.get(app_id(dataset))
+    if latest is None or latest < seq:
         return False
-    return await fleet_commit_at(store, dataset, state, version) == (dataset, job)
+    return await txn_owner(store, dataset, state) == (dataset, job)
+
+
+def txn_version(seq: int, state: DeltaState | None, dataset: str) -> int:
+    """Return the ``txn`` version of a commit of job sequence ``seq`` on ``state``: ``seq``, or one above
+    the table's latest fleet ``txn`` when ``seq`` is not above it (see the module doc)."""
+    latest = None if state is None else state.txns.get(app_id(dataset))
+    return seq if latest is None or seq > latest else latest + 1
 
 
 class CommitToDelta(CommitStep, frozen=True, kw_only=True, tag="delta"):
     """Land the job's published Parquet files (``files``: keys under ``<dataset>/``) as one Delta version."""
 
     phase: ClassVar[Phase] = "apply"
+    # ``seq``: a worker older than it would take the txn version for a table version (see WAL_VERSIONS).
+    wal_version: ClassVar[int] = 2
 
     dataset: str
     job: str
@@ -212,6 +298,9 @@ class CommitToDelta(CommitStep, frozen=True, kw_only=True, tag="delta"):
     stream: StreamBatch | None = None
     # The files' verified sizes and their producers' statistics, by store key (those that sent them).
     described: dict[str, DescribedFile] = msgspec.field(default_factory=dict)
+    # The job's sequence for the dataset (its ``fin``): the commit's ``txn`` version (see the module doc).
+    # 0 in a log written before the field existed.
+    seq: int = 0
 
     def info(self) -> dict[str, str]:
         """Return what the commit's ``commitInfo.commitfleet`` says besides the job (a streaming batch)."""
@@ -226,7 +315,8 @@ class CommitToDelta(CommitStep, frozen=True, kw_only=True, tag="delta"):
             CommitStepFailed: the log is unreadable.
             TransientError / OutcomeUnknown: the store failed.
         """
-        return await job_done(ctx.store, self.dataset, self.job, await read_state(ctx.store, self.dataset))
+        state = await read_state(ctx.store, self.dataset)
+        return await job_done(ctx.store, self.dataset, self.job, state, self.seq)
 
     async def execute(self, ctx: StepContext) -> None:
         """Land the version unless it is there. Raises as :meth:`ensure`."""
@@ -252,7 +342,7 @@ class CommitToDelta(CommitStep, frozen=True, kw_only=True, tag="delta"):
         """
         store = ctx.store
         state = await read_state(store, self.dataset)
-        if await job_done(store, self.dataset, self.job, state):
+        if await job_done(store, self.dataset, self.job, state, self.seq):
             return False
         if state is not None:
             state.check_writable(self.mode)
@@ -263,6 +353,7 @@ class CommitToDelta(CommitStep, frozen=True, kw_only=True, tag="delta"):
             dataset=self.dataset,
             job=self.job,
             version=version,
+            txn_version=txn_version(self.seq, state, self.dataset),
             mode=self.mode,
             adds=adds,
             removes=removes,
@@ -276,7 +367,7 @@ class CommitToDelta(CommitStep, frozen=True, kw_only=True, tag="delta"):
         try:
             landed = await store.write_if_absent(key, body)
         except PreconditionFailed as exc:
-            if await job_done(store, self.dataset, self.job, await read_state(store, self.dataset)):
+            if await job_done(store, self.dataset, self.job, await read_state(store, self.dataset), self.seq):
                 return False  # another holder landed it between our read and our create
             raise TransientError(f"{key}: another commit took version {version}; re-checking") from exc
         ctx.probe("table.committed")
@@ -417,7 +508,17 @@ def delta_step(req: CommitRequest, binding: TableBinding) -> CommitToDelta:
         files=files,
         stream=req.stream,
         described=described,
+        seq=req.seq,
     )
 
 
-__all__ = ["CommitToDelta", "delta_step", "fleet_commit_at", "job_done", "log_prefix", "read_state"]
+__all__ = [
+    "CommitToDelta",
+    "delta_step",
+    "fleet_commit_at",
+    "job_done",
+    "txn_owner",
+    "txn_version",
+    "log_prefix",
+    "read_state",
+]

@@ -8,8 +8,8 @@ port). What the fleet writes (Delta protocol, reader 1 / writer 2, or reader 3
   converted from the first Parquet file's Arrow schema, the partition columns
   from its Hive folders);
 - every commit: ``commitInfo`` (with ``commitfleet: {job, dataset}``), one
-  ``txn`` (``appId`` = the dataset's binding id, ``version`` = the table
-  version the commit lands at), one ``add`` per published Parquet file (path
+  ``txn`` (``appId`` = the dataset's binding id, ``version`` = the job's
+  sequence for the dataset, see :mod:`._delta`), one ``add`` per published Parquet file (path
   relative to the table and URL-encoded, size, partition values, statistics
   JSON); ``overwrite`` also one ``remove`` per file of the current snapshot.
 
@@ -26,12 +26,13 @@ import re
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import quote, unquote
 
 import msgspec
 
-from ..events import MAX_BOUND_CHARS, FileStats, type_params
+from ..events import DECIMAL_CONTEXT, MAX_BOUND_CHARS, FileStats, decode_bound, type_params
 from ._errors import CommitStepFailed
 
 if TYPE_CHECKING:
@@ -158,19 +159,60 @@ def delta_schema(schema: pa.Schema, partition_columns: Sequence[str] = ()) -> tu
 # ---------------------------------------------------------------- statistics and partitions
 
 
-def _stat_value(v: Any) -> Any:
-    """Return ``v`` as a Delta statistics JSON value, or None when it is not one the fleet writes."""
-    if isinstance(v, bool):
+_EPOCH: Final = datetime.datetime(1970, 1, 1)
+_PER_MS: Final = {"ms": 1, "us": 1000, "ns": 1_000_000}
+
+
+def timestamp_bound(value: int, unit: str, tz: bool, upper: bool) -> str | None:
+    """Return the Delta ``minValues``/``maxValues`` entry of a timestamp bound, or None (out of range).
+
+    ``value`` counts ``unit`` (s, ms, us, ns) since the epoch. Delta keeps
+    milliseconds: a minimum is cut down to them, a maximum rounded up (so it
+    is an upper bound to any reader: delta-rs cuts it down, below the value,
+    which only readers that widen it by a millisecond, as delta-rs does, take right).
+    With ``tz`` (Delta ``timestamp``) ``2024-01-01T12:00:00.123Z``; without
+    (``timestamp_ntz``) the same without the ``Z``, the form Spark's JSON
+    writes (delta-rs writes a space for the ``T``; it reads both).
+    """
+    if unit == "s":
+        ms = value * 1000
+    else:
+        per = _PER_MS[unit]
+        ms = -(-value // per) if upper else value // per
+    try:
+        text = (_EPOCH + datetime.timedelta(milliseconds=ms)).isoformat(timespec="milliseconds")
+    except OverflowError:
         return None
-    if isinstance(v, int):
-        return v
-    if isinstance(v, float):
-        return None  # Parquet bounds leave NaN out; Spark orders NaN above every number
-    if isinstance(v, datetime.datetime):
-        return None  # Delta stores milliseconds: a truncated maximum would be wrong
-    if isinstance(v, datetime.date):
-        return v.isoformat()
-    return None
+    return text + "Z" if tz else text
+
+
+def decimal_bound(value: Decimal, scale: int) -> msgspec.Raw:
+    """Return a decimal bound as the exact JSON number of its scale (``-0.05``, never an exponent)."""
+    return msgspec.Raw(
+        format(value.quantize(Decimal(1).scaleb(-scale), context=DECIMAL_CONTEXT), "f").encode()
+    )
+
+
+def _bound_kind(t: pa.DataType) -> tuple[str, Any] | None:
+    """Return how the Delta statistics bound a column of Arrow type ``t`` (kind, and the unit and time
+    zone of a timestamp or the scale of a decimal), or None: no bounds (see :func:`file_stats`)."""
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    if pa.types.is_boolean(t):
+        return "boolean", None
+    if pa.types.is_integer(t) and not pa.types.is_uint64(t):
+        return "int", None
+    if pa.types.is_date32(t):
+        return "date", None
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return "string", None
+    if pa.types.is_decimal(t) and t.precision <= 38:
+        return "decimal", t.scale
+    if pa.types.is_timestamp(t):
+        return "timestamp", (t.unit, t.tz is not None)
+    return None  # floats (Parquet's bounds leave NaN out), binaries, ...
 
 
 _ASCII_TOP: Final = "\x7f"
@@ -201,17 +243,22 @@ def file_stats(meta: Any) -> dict[str, Any]:
 
     ``numRecords`` always; ``nullCount`` for top-level primitive columns whose
     every row group carries it; ``minValues``/``maxValues`` for top-level
-    integer, date and string columns (a string minimum is cut to 32 characters,
-    a longer maximum cut and given a tie-breaker: :func:`string_max`, from the
-    value's first 64 characters, as the statistics carry them). No bounds for
-    floats (Parquet's leave NaN out), timestamps (Delta keeps milliseconds),
-    booleans, decimals, binaries.
+    integer, date, string, boolean, decimal and timestamp columns (a string
+    minimum is cut to 32 characters, a longer maximum cut and given a
+    tie-breaker: :func:`string_max`, from the value's first 64 characters, as
+    the statistics carry them; timestamps in milliseconds:
+    :func:`timestamp_bound`; decimals exact: :func:`decimal_bound`). No
+    bounds for floats: Parquet's leave NaN out, which Spark and DataFusion
+    order above every number, so a reader would skip a file whose NaN
+    matches ``x > bound`` (delta-rs writes them and loses such rows: tested);
+    none for binaries either.
     """
     stats: dict[str, Any] = {"numRecords": meta.num_rows}
     nulls: dict[str, int] = {}
     mins: dict[str, Any] = {}
     maxs: dict[str, Any] = {}
     schema = meta.schema
+    arrow = schema.to_arrow_schema() if meta.num_columns else None
     for i in range(meta.num_columns):
         col = schema.column(i)
         if "." in col.path or col.max_repetition_level > 0:
@@ -225,22 +272,46 @@ def file_stats(meta: Any) -> dict[str, Any]:
         with_values = [s for s in groups if s.has_min_max]
         if not with_values or len(with_values) != len([s for s in groups if s.num_values > 0]):
             continue
-        lo = [_stat_value(s.min) if not isinstance(s.min, str) else s.min for s in with_values]
-        hi = [_stat_value(s.max) if not isinstance(s.max, str) else s.max for s in with_values]
-        if any(v is None for v in lo + hi):
+        found = _bound_kind(arrow.field(name).type) if arrow is not None else None
+        if found is None:
             continue
+        kind, extra = found
+        if kind == "timestamp":
+            if col.physical_type != "INT64":
+                continue  # INT96: no defined order
+            lo, hi = [s.min_raw for s in with_values], [s.max_raw for s in with_values]
+        else:
+            lo, hi = [s.min for s in with_values], [s.max for s in with_values]
         low, high = min(lo), max(hi)
-        if isinstance(low, str):
+        if kind == "string":
             mins[name] = low[:STRING_STATS_MAX]
             top = string_max(high[:MAX_BOUND_CHARS], len(high) > MAX_BOUND_CHARS)
             if top is not None:
                 maxs[name] = top
         else:
-            mins[name], maxs[name] = low, high
+            _put_bounds(mins, maxs, name, kind, extra, low, high)
     stats["minValues"] = mins
     stats["maxValues"] = maxs
     stats["nullCount"] = nulls
     return stats
+
+
+def _put_bounds(
+    mins: dict[str, Any], maxs: dict[str, Any], name: str, kind: str, extra: Any, low: Any, high: Any
+) -> None:
+    """Put a non-string column's bounds as Delta writes them (a timestamp's as counts of its unit)."""
+    if kind == "timestamp":
+        unit, tz = extra
+        for out, value, upper in ((mins, low, False), (maxs, high, True)):
+            text = timestamp_bound(value, unit, tz, upper)
+            if text is not None:
+                out[name] = text
+    elif kind == "decimal":
+        mins[name], maxs[name] = decimal_bound(low, extra), decimal_bound(high, extra)
+    elif kind == "date":
+        mins[name], maxs[name] = low.isoformat(), high.isoformat()
+    else:
+        mins[name], maxs[name] = low, high
 
 
 _STATS_TYPES: Final = {
@@ -302,7 +373,10 @@ def schema_from_stats(
     return {"type": "struct", "fields": fields}, ntz
 
 
-_BOUNDED_KINDS: Final = frozenset({"int", "long", "date", "string"})
+_BOUNDED_KINDS: Final = frozenset(
+    {"boolean", "int", "long", "date", "string", "decimal", "timestamp", "timestamptz"}
+)
+_MICROSECOND: Final = datetime.timedelta(microseconds=1)
 
 
 def add_stats_from_stats(stats: FileStats) -> dict[str, Any]:
@@ -310,11 +384,14 @@ def add_stats_from_stats(stats: FileStats) -> dict[str, Any]:
 
     The same as :func:`file_stats` gives from the file's footer: ``numRecords``;
     ``nullCount`` where the producer had every row group's; bounds of integer,
-    date and string columns only (a cut string bound holds the value's first
-    64 characters, so the minimum's first 32 are exact, and the maximum is made
-    from them by :func:`string_max`, as the footer read makes it). Dates are ISO in
-    both forms. Top-level names with a dot are left out, as the footer read
-    leaves them (their Parquet path reads like a nested column).
+    date, string, boolean, decimal and timestamp columns only (a cut string
+    bound holds the value's first 64 characters, so the minimum's first 32 are
+    exact, and the maximum is made from them by :func:`string_max`, as the
+    footer read makes it; a timestamp's microseconds go to milliseconds as
+    there). Dates are ISO in both forms. Top-level names with a dot are left
+    out, as the footer read leaves them (their Parquet path reads like a nested
+    column). Bounds were checked on intake (:func:`shared.events.check_file_stats`);
+    a column whose bounds do not decode anyway gets none.
     """
     nulls: dict[str, int] = {}
     mins: dict[str, Any] = {}
@@ -327,15 +404,27 @@ def add_stats_from_stats(stats: FileStats) -> dict[str, Any]:
         params = type_params(col.type)
         if params is None or params[0] not in _BOUNDED_KINDS or col.lower is None or col.upper is None:
             continue
-        if params[0] == "string":
+        kind = params[0]
+        if kind == "string":
             if not isinstance(col.lower, str) or not isinstance(col.upper, str):
                 continue  # checked on intake: a string column's bounds are strings
             mins[name] = col.lower[:STRING_STATS_MAX]
             top = string_max(col.upper, col.upper_cut)
             if top is not None:
                 maxs[name] = top
+            continue
+        try:
+            low, high = decode_bound(col.type, col.lower), decode_bound(col.type, col.upper)
+        except ValueError:
+            continue
+        if kind in ("timestamp", "timestamptz"):
+            epoch = _EPOCH if kind == "timestamp" else _EPOCH.replace(tzinfo=datetime.UTC)
+            low, high = (low - epoch) // _MICROSECOND, (high - epoch) // _MICROSECOND
+            _put_bounds(mins, maxs, name, "timestamp", ("us", kind == "timestamptz"), low, high)
+        elif kind == "decimal":
+            _put_bounds(mins, maxs, name, kind, params[2], low, high)
         else:
-            mins[name], maxs[name] = col.lower, col.upper
+            _put_bounds(mins, maxs, name, "date" if kind == "date" else "int", None, low, high)
     return {"numRecords": stats.rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}
 
 
@@ -381,6 +470,7 @@ def commit_body(
     dataset: str,
     job: str,
     version: int,
+    txn_version: int,
     mode: str,
     adds: Sequence[AddFile],
     removes: Sequence[Mapping[str, Any]],
@@ -390,6 +480,7 @@ def commit_body(
 ) -> bytes:
     """Return the newline-delimited JSON of the commit that lands ``job``'s files at ``version``.
 
+    ``txn_version`` is the version of its ``txn`` (the job's sequence);
     ``removes`` are the ``add`` actions of the current snapshot (overwrite);
     ``new_table`` is given for the first commit only.
     """
@@ -425,7 +516,7 @@ def commit_body(
                 }
             }
         )
-    actions.append({"txn": {"appId": app_id(dataset), "version": version, "lastUpdated": now_ms}})
+    actions.append({"txn": {"appId": app_id(dataset), "version": txn_version, "lastUpdated": now_ms}})
     for old in removes:
         rm: dict[str, Any] = {
             "path": old["path"],
@@ -458,9 +549,12 @@ class DeltaState:
     """A table's state at ``version``: what the fleet needs to commit on top of it and to audit it.
 
     ``files``: the current snapshot's ``add`` actions by path; ``txns``: the
-    latest version of each application id; ``fleet_commits``: version ->
-    (dataset, job) of the fleet's commits replayed from JSON (a checkpoint
-    keeps no ``commitInfo``).
+    latest version of each application id; ``txn_at``: the table version
+    whose commit set it, for those a replayed JSON commit set (not those a
+    checkpoint holds: it keeps no table version of a ``txn``);
+    ``fleet_commits``: version -> (dataset, job) of the fleet's commits
+    replayed from JSON (a checkpoint keeps no ``commitInfo``); ``checkpoint``:
+    the version of the checkpoint the replay started from (-1: none).
     """
 
     version: int = -1
@@ -468,7 +562,9 @@ class DeltaState:
     metadata: dict[str, Any] | None = None
     files: dict[str, dict[str, Any]] = field(default_factory=dict)
     txns: dict[str, int] = field(default_factory=dict)
+    txn_at: dict[str, int] = field(default_factory=dict)
     fleet_commits: dict[int, tuple[str, str]] = field(default_factory=dict)
+    checkpoint: int = -1
 
     def copy(self) -> DeltaState:
         """Return a copy that replaying more commits onto leaves this one as it is."""
@@ -478,7 +574,9 @@ class DeltaState:
             metadata=self.metadata,
             files=dict(self.files),
             txns=dict(self.txns),
+            txn_at=dict(self.txn_at),
             fleet_commits=dict(self.fleet_commits),
+            checkpoint=self.checkpoint,
         )
 
     def apply(self, version: int, body: bytes, where: str) -> None:
@@ -509,6 +607,10 @@ class DeltaState:
             self.files.pop(rm["path"], None)
         elif (txn := action.get("txn")) is not None:
             self.txns[txn["appId"]] = int(txn["version"])
+            if version >= 0:
+                self.txn_at[txn["appId"]] = version
+            else:  # from a checkpoint: the table version that set it is not known
+                self.txn_at.pop(txn["appId"], None)
         elif (md := action.get("metaData")) is not None:
             self.metadata = md
         elif (proto := action.get("protocol")) is not None:
@@ -537,6 +639,7 @@ class DeltaState:
                     if value is not None:
                         self._action({kind: _from_checkpoint(value)}, -1)
         self.version = version
+        self.checkpoint = version
 
     def partition_columns(self) -> list[str]:
         """Return the table's partition columns (none before its first commit)."""

@@ -41,6 +41,8 @@ class CommitRequest(msgspec.Struct, frozen=True, kw_only=True):
     expected_tasks: int
     stream: StreamBatch | None = None
     """The micro-batch a streaming job commits: recorded with the watermarks, checked under the lock."""
+    seq: int = 0
+    """The job's sequence for the dataset (the shard's ``fin``; 0: none): a Delta commit's ``txn`` version."""
 
 
 class ManifestFile(msgspec.Struct, frozen=True, kw_only=True):

@@ -10,7 +10,7 @@ from ..events import published_key, staged_key, staging_prefix
 from ._model import CommitRequest, ManifestFile
 from ._publish import PublishFile
 from ._steps import PHASES, Cleanup, CommitStep, WriteManifest
-from ._wal import CommitSequence
+from ._wal import CommitSequence, wal_version
 from ._watermarks import AdvanceWatermarks, StreamMark, merge_watermarks
 
 
@@ -92,11 +92,13 @@ def plan_commit(
             raise BadInput(f"extra step {type(step).__name__} cannot run in the manifest phase")
         by_phase[step.phase].append(step)
 
+    steps = [s for p in PHASES for s in by_phase[p]]
     return CommitSequence(
+        v=wal_version(steps),
         dataset=req.dataset,
         job=req.job,
         epoch=epoch,
-        steps=[s for p in PHASES for s in by_phase[p]],
+        steps=steps,
         created_at=created,
         updated_at=created,
     )

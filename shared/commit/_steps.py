@@ -92,6 +92,8 @@ class CommitStep(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind"):
     """
 
     phase: ClassVar[Phase] = "apply"
+    # The write-ahead log format version a log holding this step is written at (see _wal.WAL_VERSIONS).
+    wal_version: ClassVar[int] = 1
 
     async def is_done(self, ctx: StepContext) -> bool:
         """Return True when the step's effect is already in place in the store."""

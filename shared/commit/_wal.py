@@ -26,6 +26,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Final
 
 import msgspec
 
@@ -41,6 +42,18 @@ from ._model import FORMAT_VERSION
 from ._publish import PublishFile
 from ._registry import DEFAULT_REGISTRY, StepRegistry
 from ._steps import CommitStep
+
+WAL_VERSIONS: Final = frozenset({FORMAT_VERSION, 2})
+"""The log format versions this code reads. v2 (issue 31): the log holds a Delta step with ``seq``
+(:class:`._delta.CommitToDelta`), whose ``txn`` version is the job's sequence, not a table version. A log
+without one is still written as v1; a v1 log's Delta step reads as ``seq`` 0. A worker older than v2
+cannot read a v2 log (the dataset's commits stop there with the reason) instead of taking the job's
+sequence for the table version of its commit, which could land a job's Delta version twice."""
+
+
+def wal_version(steps: list[CommitStep]) -> int:
+    """Return the format version a log of ``steps`` is written at: the highest its steps need."""
+    return max([FORMAT_VERSION, *(s.wal_version for s in steps)])
 
 
 class CommitSequence(msgspec.Struct, frozen=True, kw_only=True):
@@ -110,9 +123,9 @@ def decode_sequence(data: bytes, registry: StepRegistry | None = None) -> Commit
         raw = _raw_decoder.decode(data)
     except msgspec.DecodeError as exc:
         raise CommitStepFailed(f"write-ahead log unreadable: {exc}") from exc
-    if raw.v != FORMAT_VERSION:
+    if raw.v not in WAL_VERSIONS:
         raise CommitStepFailed(
-            f"write-ahead log has format version {raw.v}, this reader knows {FORMAT_VERSION}"
+            f"write-ahead log has format version {raw.v}, this reader knows {sorted(WAL_VERSIONS)}"
         )
     steps = (registry or DEFAULT_REGISTRY).decode_steps(raw.steps)
     fields = {f: getattr(raw, f) for f in raw.__struct_fields__ if f != "steps"}

@@ -31,6 +31,7 @@ from ._codec import (
     entry_fields,
 )
 from ._file_stats import (
+    DECIMAL_CONTEXT,
     MAX_BOUND_CHARS,
     MAX_SPLIT_OFFSETS,
     MAX_STATS_COLUMNS,
@@ -100,6 +101,7 @@ from ._signing import (
 from ._validation import ValidationLimits, check_task_index, validate_event
 
 __all__ = [
+    "DECIMAL_CONTEXT",
     "MAX_BOUND_CHARS",
     "MAX_SPLIT_OFFSETS",
     "MAX_STATS_COLUMNS",

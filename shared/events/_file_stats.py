@@ -27,7 +27,7 @@ import binascii
 import datetime as dt
 import math
 import re
-from decimal import Decimal, InvalidOperation
+from decimal import Context, Decimal, InvalidOperation
 from typing import Annotated, Any, Final
 
 import msgspec
@@ -227,6 +227,8 @@ def _decode_text(kind: str, a: int, b: int, value: str) -> Any:
 _ISO_TIME: Final = re.compile(r"\d{2}:\d{2}:\d{2}(\.\d{1,6})?")
 _ISO_TS: Final = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,6})?")
 _ISO_TSTZ: Final = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,6})?([+-]\d{2}:\d{2}|Z)")
+DECIMAL_CONTEXT: Final = Context(prec=80)
+"""For decimal(38,S) values: quantize() in the default context (28 digits) fails on a longer one."""
 _DECIMAL_TEXT: Final = re.compile(r"-?(\d{1,38})(?:\.(\d{1,38}))?")
 
 
@@ -274,7 +276,7 @@ def encode_bound(type_name: str, value: Any) -> bool | int | float | str:
             return "NaN"
         return value if math.isfinite(value) else ("Infinity" if value > 0 else "-Infinity")
     if kind == "decimal" and isinstance(value, Decimal):
-        return format(value.quantize(Decimal(1).scaleb(-scale)), "f")
+        return format(value.quantize(Decimal(1).scaleb(-scale), context=DECIMAL_CONTEXT), "f")
     if kind == "string" and isinstance(value, str):
         return value
     if kind in ("binary", "fixed") and isinstance(value, bytes):
@@ -374,6 +376,7 @@ def _greater(lower: Any, upper: Any) -> bool:
 
 
 __all__ = [
+    "DECIMAL_CONTEXT",
     "MAX_BOUND_CHARS",
     "MAX_SPLIT_OFFSETS",
     "MAX_STATS_COLUMNS",

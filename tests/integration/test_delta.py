@@ -9,6 +9,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
@@ -17,12 +18,24 @@ from hypothesis import settings as hyp_settings
 from hypothesis import strategies as st
 
 from shared import Fenced
-from shared.commit import StepContext, audit, commit_dataset, read_state, recover_dataset
-from shared.events import published_key, staged_key
+from shared.commit import (
+    CommitRequest,
+    CommitStepFailed,
+    CommitToDelta,
+    StepContext,
+    audit,
+    commit_dataset,
+    decode_sequence,
+    read_state,
+    recover_dataset,
+    table_step,
+)
+from shared.events import TableBinding, published_key, staged_key, wal_key
 from shared.settings import StoreSettings
 from shared.storage import ObjectStore
 from tests._support.commit import ManualLease, assert_exactly_once, fast_settings, keys
 from tests._support.delta import (
+    DeltaJob,
     delta_jobs,
     delta_rows,
     local_root,
@@ -672,3 +685,136 @@ async def test_a_holder_starts_from_the_version_it_landed_and_sees_another_write
         dt = await open_delta(store, target, "sales", tmp_path)
         assert delta_jobs(dt) == [(0, "job-0"), (1, "job-1"), (2, "job-2"), (4, "job-3")]
         assert delta_rows(dt) == sorted_rows(*(j.rows for j in jobs))
+
+
+def _sequenced(job: DeltaJob, seq: int) -> tuple[CommitRequest, Any]:
+    """The job's request carrying its sequence for the dataset (a worker's ``fin``), and its Delta step."""
+    req = msgspec.structs.replace(job.req, seq=seq)
+    return req, table_step(req, TableBinding(delta=True, mode="append"))
+
+
+def _txns(root: Path, dataset: str) -> list[int | None]:
+    """The fleet ``txn`` version delta-rs reads at each version of the table."""
+    latest = DeltaTable(str(root / dataset)).version()
+    return [
+        DeltaTable(str(root / dataset), version=v).transaction_version(f"commitfleet/{dataset}")
+        for v in range(latest + 1)
+    ]
+
+
+async def test_the_txn_version_is_the_jobs_sequence_and_rises_in_job_order(
+    target: StoreTarget, tmp_path: Path
+) -> None:
+    """Sequences 5 and 9, then 3 (a shard whose sequence restarted lower), then 0 (a plan made before the
+    field): delta-rs reads 5, 9, 10, 11 under the app id; a repeat finds each job done."""
+    settings = fast_settings()
+    async with target.open() as store:
+        jobs = [await stage_delta_job(store, "sales", f"job-{i}") for i in range(4)]
+        planned = [_sequenced(job, seq) for job, seq in zip(jobs, [5, 9, 3, 0], strict=True)]
+        for i, (req, step) in enumerate(planned):
+            res = await commit_dataset(store, req, ManualLease("sales", i + 1), settings, extra_steps=[step])
+            assert res.ok, res
+        for i, (req, step) in enumerate(planned):
+            again = await commit_dataset(
+                store, req, ManualLease("sales", 10 + i), settings, extra_steps=[step]
+            )
+            assert again.already_committed, (i, again)
+        ctx = StepContext(store=store, lease=ManualLease("sales", 20), settings=settings)
+        assert await planned[3][1].ensure(ctx) is False
+        fresh = await read_state(store, "sales", cached=False)
+        assert fresh is not None and fresh.txns == {"commitfleet/sales": 11}
+        assert await planned[3][1].is_done(ctx)
+        assert not await planned[2][1].is_done(ctx)
+        await assert_exactly_once(store, *(j.staged for j in jobs))
+        assert (await audit(store)).ok
+        dt = await open_delta(store, target, "sales", tmp_path)
+        assert delta_jobs(dt) == [(v, f"job-{v}") for v in range(4)]
+        assert dt.transaction_version("commitfleet/sales") == 11
+        if target.backend == "local":
+            root = local_root(store)
+            assert root is not None
+            assert _txns(root, "sales") == [5, 9, 10, 11]
+
+
+async def test_a_write_ahead_log_planned_without_the_sequence_still_recovers(
+    tmp_path: Path, make_target: MakeTarget
+) -> None:
+    """A sequence planned before the step had ``seq`` (its JSON without the field), crashed at the log's
+    create: the next owner recovers it from the log alone, one version, its txn one above the latest."""
+    from tests._support.fault_store import Fault, SimulatedCrash
+
+    target = make_target("local")
+    settings = fast_settings()
+    async with target.open() as store:
+        root = local_root(store)
+        assert root is not None
+        first, second = [await stage_delta_job(store, "sales", f"job-{i}") for i in range(2)]
+        req, step = _sequenced(first, 7)
+        assert (await commit_dataset(store, req, ManualLease("sales", 1), settings, extra_steps=[step])).ok
+        req, step = _sequenced(second, 8)
+        crash = Fault("write_if_absent", SimulatedCrash, when=lambda b: b.startswith(b'{"commitInfo"'))
+        await expect_crash(
+            commit_dataset(
+                FaultStore(store, faults=[crash]), req, ManualLease("sales", 2), settings, extra_steps=[step]
+            )
+        )
+        key = wal_key("sales", "job-1")
+        doc = msgspec.json.decode((await store.read(key)).data)
+        (delta,) = [s for s in doc["steps"] if s["kind"] == "delta"]
+        # Written by this version (v2: a Delta step with its seq), now made as an older one wrote it.
+        assert (doc["v"], delta.pop("seq")) == (2, 8)
+        doc["v"] = 1
+        await store.write(key, msgspec.json.encode(doc))
+        old = decode_sequence((await store.read(key)).data)
+        assert [s.seq for s in old.steps if isinstance(s, CommitToDelta)] == [0]
+        got = await recover_dataset(store, "sales", ManualLease("sales", 3), settings)
+        assert got.blocked_by is None and [r.ok for r in got.results] == [True], got
+        again = await commit_dataset(store, req, ManualLease("sales", 4), settings, extra_steps=[step])
+        assert again.already_committed
+        await assert_exactly_once(store, first.staged, second.staged)
+        assert delta_jobs(DeltaTable(str(root / "sales"))) == [(0, "job-0"), (1, "job-1")]
+        assert _txns(root, "sales") == [7, 8]  # the old plan's txn: one above the latest
+        assert (await audit(store)).ok
+
+
+async def test_the_done_check_finds_the_commit_behind_a_checkpoint_that_set_the_txn(
+    tmp_path: Path, make_target: MakeTarget
+) -> None:
+    """The fleet checkpoints version 10, delta-rs appends 11-20 (no txn) and checkpoints 20, versions 0-9 are
+    cleaned up: a fresh worker's state has the txn from the checkpoint, the done check reads back to 10;
+    a job whose sequence is above the latest txn is not done, without a read."""
+    target = make_target("local")
+    settings = fast_settings()
+    async with target.open() as store:
+        root = local_root(store)
+        assert root is not None
+        jobs = [await stage_delta_job(store, "sales", f"job-{i:02d}", n=1) for i in range(11)]
+        planned = [_sequenced(job, 100 + 2 * i) for i, job in enumerate(jobs)]
+        for i, (req, step) in enumerate(planned):
+            assert (
+                await commit_dataset(store, req, ManualLease("sales", i + 1), settings, extra_steps=[step])
+            ).ok
+        seed = pa.table({"id": pa.array(["x"], pa.string()), "amount": pa.array([1], pa.int64())})
+        for _ in range(10):
+            write_deltalake(str(root / "sales"), seed, mode="append")
+        DeltaTable(str(root / "sales")).create_checkpoint()
+        for v in range(10):
+            await store.delete(f"sales/_delta_log/{v:020d}.json")
+        state = await read_state(store, "sales", cached=False)
+        assert state is not None and (state.version, state.checkpoint, state.txn_at) == (20, 20, {})
+        assert state.txns == {"commitfleet/sales": 120}
+        ctx = StepContext(store=store, lease=ManualLease("sales", 30), settings=settings)
+        assert await planned[10][1].is_done(ctx)
+        assert not await planned[9][1].is_done(ctx)
+        later = _sequenced(await stage_delta_job(store, "sales", "job-11", n=1), 121)[1]
+        counting = _CountingStore(store, "sales/_delta_log/")
+        ctx_counting = StepContext(store=counting, lease=ManualLease("sales", 30), settings=settings)  # type: ignore[arg-type]
+        assert not await later.is_done(ctx_counting)
+        assert (counting.lists, counting.reads) == (0, [])
+        assert await planned[10][1].ensure(ctx) is False
+        # With the fleet's commit 10 gone too, no job can be told done: the sequence is set aside, not re-run.
+        await store.delete(f"sales/_delta_log/{10:020d}.json")
+        state = await read_state(store, "sales", cached=False)
+        assert state is not None
+        with pytest.raises(CommitStepFailed, match="is gone"):
+            await planned[10][1].is_done(ctx)

@@ -92,10 +92,24 @@ def test_a_files_stats_give_the_footers_add_stats_and_schema(narrow_ints: bool, 
     assert stats.columns["s"].upper_cut and not stats.columns["s64"].upper_cut
     footer = file_stats(meta)
     assert msgspec.json.encode(add_stats_from_stats(stats)) == msgspec.json.encode(footer)
-    # Not a vacuous equality: bounds of ints, dates and strings, and null counts, are there.
-    assert {"i32", "i64", "d", "s", "s32", "s64", "s_short", "req"} <= set(footer["minValues"])
-    assert {"i32", "d", "s32", "s_short"} <= set(footer["maxValues"])
-    assert not {"f64", "ts", "dec_big", "bo", "a.b"} & set(footer["maxValues"])
+    # Not a vacuous equality: bounds of ints, dates, strings, timestamps, decimals, booleans, null counts.
+    assert {"i32", "i64", "d", "s", "s32", "s64", "s_short", "req", "ts", "tstz", "dec_big", "bo"} <= set(
+        footer["minValues"]
+    )
+    assert {"i32", "d", "s32", "s_short", "ts_s", "ts_ms", "ts", "tstz", "dec_small", "dec_big", "bo"} <= set(
+        footer["maxValues"]
+    )
+    # None for floats (Parquet's bounds leave NaN out), binaries, a dotted name.
+    assert not {"f32", "f64", "b", "fx", "a.b"} & (set(footer["minValues"]) | set(footer["maxValues"]))
+    encoded = msgspec.json.encode({k: footer[k] for k in ("minValues", "maxValues")}).decode()
+    # Timestamps in milliseconds, the minimum cut down and the maximum rounded up; Z for a time zone.
+    assert '"ts":"1900-01-01T00:00:00.000"' in encoded and '"ts":"2024-02-29T23:59:58.124"' in encoded
+    assert '"tstz":"2024-02-29T23:59:58.123Z"' in encoded and '"tstz":"2024-02-29T23:59:58.124Z"' in encoded
+    assert '"ts_ms":"2024-02-29T23:59:58.123"' in encoded  # exact milliseconds stay as they are
+    # Decimals as exact JSON numbers of their scale (delta-rs writes a float: 1.2345678901234568e+16).
+    assert '"dec_big":-0.0001' in encoded and '"dec_big":12345678901234567.8901' in encoded
+    assert '"dec_small":-3.45' in encoded and '"dec_small":1.20' in encoded
+    assert (footer["minValues"]["bo"], footer["maxValues"]["bo"]) == (False, True)
     # Longer maxima: their first 32 characters and a tie-breaker above the character cut off.
     assert footer["maxValues"]["s"] == "ÿ" + "ü" * 31 + "\U0010ffff"
     assert footer["maxValues"]["s33"] == "z" * 32 + "\x7f"
@@ -298,3 +312,130 @@ async def test_delta_rs_finds_a_row_by_a_long_string_with_the_statistics_in_forc
             found = dt.to_pyarrow_dataset().to_table(filter=pads.field("s") == v)
             assert found["s"].to_pylist() == [v]
         assert dt.to_pyarrow_dataset().to_table(filter=pads.field("s") > "l").num_rows == 1
+
+
+def _skipping_table(i: int) -> pa.Table:
+    """File ``i`` of the skipping test: each column's values in a range of its own (file 2: the extremes)."""
+    base = dt.datetime(2024, 1 + i, 1, 0, 0, 0, 999)  # sub-millisecond: Delta keeps milliseconds
+    ts = [base, base + dt.timedelta(days=1)]
+    dec38 = [Decimal(f"{i}.000001"), Decimal(f"{i}9999999999999999999999999999999.999999")]
+    if i == 2:
+        ts = [dt.datetime(1, 1, 1), dt.datetime(9999, 12, 31, 23, 59, 59, 999999)]  # a maximum beyond ms
+        dec38 = [Decimal("-99999999999999999999999999999999.999999"), Decimal("0.000001")]
+    return pa.table(
+        {
+            "id": pa.array([f"r{i}a", f"r{i}b"]),
+            "ts": pa.array(ts, pa.timestamp("us")),
+            "tstz": pa.array([t.replace(tzinfo=dt.UTC) for t in ts], pa.timestamp("us", tz="UTC")),
+            "d": pa.array([dt.date(2020 + i, 1, 1), dt.date(2020 + i, 6, 1)]),
+            "dec": pa.array([Decimal(f"{i}.05"), Decimal(f"{i}.95")], pa.decimal128(10, 2)),
+            "dec38": pa.array(dec38, pa.decimal128(38, 6)),
+            "bo": pa.array([i % 2 == 0, i % 2 == 0]),
+            "s": pa.array(['"quoted"\n\\', "\u2028😀" + "\x00"]) if i == 1 else pa.array(["a", "b"]),
+            "nothing": pa.array([None, None], pa.int64()),
+        }
+    )
+
+
+def _query(table: Path, where: str) -> list[str]:
+    """The ids DataFusion (delta-rs' query engine: it skips files by their add actions' statistics) finds."""
+    from deltalake import QueryBuilder
+
+    found = QueryBuilder().register("t", DeltaTable(str(table))).execute(f"select id from t where {where}")
+    return sorted(pa.table(found.read_all())["id"].to_pylist())
+
+
+@pytest.mark.parametrize("with_stats", [True, False])
+async def test_delta_rs_skips_files_by_the_fleets_timestamp_date_decimal_bounds_and_keeps_every_match(
+    make_target: MakeTarget, with_stats: bool
+) -> None:
+    """Three files, each committed with its producer's statistics or from its footer. delta-rs reads the
+    bounds (milliseconds, the maximum rounded up; exact decimals; booleans; none for a column of nulls or a
+    maximum beyond year 9999), skips the file they exclude (it is moved away: a read of it would fail) and
+    finds every row a predicate matches, down to a maximum's microseconds."""
+    target = make_target("local")
+    async with target.open() as store:
+        root = local_root(store)
+        assert root is not None
+        for i in range(3):
+            staged = await stage_tables_job(
+                store, "sales", f"job-{i}", [_skipping_table(i)], stats=with_stats
+            )
+            res = await commit_dataset(
+                store, staged.req, ManualLease("sales", i + 1), fast_settings(), extra_steps=[staged.step()]
+            )
+            assert res.ok, res
+        table = root / "sales"
+        adds = {
+            str(a["path"]).split("~")[0]: a
+            for a in pa.table(DeltaTable(str(table)).get_add_actions(flatten=True)).to_pylist()
+        }
+        assert (adds["job-0"]["min.ts"], adds["job-0"]["max.ts"]) == (
+            dt.datetime(2024, 1, 1),
+            dt.datetime(2024, 1, 2, 0, 0, 0, 1000),
+        )
+        assert adds["job-0"]["max.tstz"] == dt.datetime(2024, 1, 2, 0, 0, 0, 1000, tzinfo=dt.UTC)
+        assert (adds["job-2"]["min.ts"], adds["job-2"]["max.ts"]) == (dt.datetime(1, 1, 1), None)
+        assert (adds["job-1"]["min.dec"], adds["job-1"]["max.dec"]) == (Decimal("1.05"), Decimal("1.95"))
+        assert (adds["job-2"]["min.dec38"], adds["job-1"]["max.dec38"]) == (
+            Decimal("-99999999999999999999999999999999.999999"),
+            Decimal("19999999999999999999999999999999.999999"),
+        )
+        assert [(adds[f"job-{i}"]["min.bo"], adds[f"job-{i}"]["max.bo"]) for i in range(3)] == [
+            (True, True),
+            (False, False),
+            (True, True),
+        ]
+        assert (adds["job-1"]["min.s"], adds["job-1"]["max.s"]) == ('"quoted"\n\\', "\u2028😀\x00")
+        for a in adds.values():  # a column of nulls only: its null count, no bounds
+            assert (a["null_count.nothing"], a["min.nothing"], a["max.nothing"]) == (2, None, None)
+        # Every match found, including a maximum's microseconds (the bound is rounded up to milliseconds).
+        assert _query(table, "ts = '2024-01-02 00:00:00.000999'") == ["r0b"]
+        assert _query(table, "tstz = '2024-01-02T00:00:00.000999Z'") == ["r0b"]
+        assert _query(table, "ts > '2024-12-31 00:00:00'") == ["r2b"]
+        assert _query(table, "dec38 = CAST('19999999999999999999999999999999.999999' AS DECIMAL(38, 6))") == [
+            "r1b"
+        ]
+        assert _query(table, "bo") == ["r0a", "r0b", "r2a", "r2b"]
+        assert _query(table, "nothing is not null") == []
+        # The file the bounds exclude is skipped: moved away, the reads that exclude it still succeed.
+        job0 = next(p for p in table.iterdir() if p.name.startswith("job-0~"))
+        away = job0.rename(root / "away.parquet")
+        try:
+            assert _query(table, "ts >= '2024-02-01 00:00:00'") == ["r1a", "r1b", "r2b"]
+            assert _query(table, "tstz >= '2024-02-01T00:00:00Z'") == ["r1a", "r1b", "r2b"]
+            assert _query(table, "d >= '2021-01-01'") == ["r1a", "r1b", "r2a", "r2b"]
+            assert _query(table, "dec >= 1.00") == ["r1a", "r1b", "r2a", "r2b"]
+            # job-0's maximum is 31 nines and 6 decimals: exact, just under 10^31.
+            assert _query(table, "dec38 >= CAST('10000000000000000000000000000000' AS DECIMAL(38, 6))") == [
+                "r1b"
+            ]
+        finally:
+            away.rename(job0)
+
+
+async def test_a_float_column_gets_no_bounds_and_delta_rs_reads_it(make_target: MakeTarget) -> None:
+    """Parquet's float bounds leave NaN out, and Spark and DataFusion order NaN above every number: a
+    Delta bound made from them could make a reader skip a file whose NaN matches ``f > bound``. The
+    fleet writes none (null counts only); delta-rs reads the table and filters it right on the numbers.
+    (DataFusion still misses the NaN row for ``f > 1.6`` through the Parquet file's own row-group
+    bounds, with or without Delta bounds: that part is the reader's.)"""
+    target = make_target("local")
+    async with target.open() as store:
+        root = local_root(store)
+        assert root is not None
+        tables = [pa.table({"id": ["a", "n"], "f": pa.array([1.5, math.nan], pa.float32())})]
+        tables.append(pa.table({"id": ["b", "c"], "f": pa.array([5.0, -math.inf], pa.float32())}))
+        for i, t in enumerate(tables):
+            staged = await stage_tables_job(store, "sales", f"job-{i}", [t], stats=True)
+            res = await commit_dataset(
+                store, staged.req, ManualLease("sales", i + 1), fast_settings(), extra_steps=[staged.step()]
+            )
+            assert res.ok, res
+        table = root / "sales"
+        found = pa.table(DeltaTable(str(table)).get_add_actions(flatten=True))
+        assert found["min.f"].to_pylist() == found["max.f"].to_pylist() == [None, None]
+        assert found["null_count.f"].to_pylist() == [0, 0]
+        assert _query(table, "f > 1.6") == ["b"]
+        assert _query(table, "f < 0") == ["c"]
+        assert _query(table, "isnan(f)") == ["n"]

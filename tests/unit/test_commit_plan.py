@@ -135,6 +135,20 @@ def test_sequence_round_trips_through_the_log_codec() -> None:
     assert decode_sequence(data) == seq
 
 
+def test_a_log_with_a_delta_step_is_written_at_v2_and_others_at_v1() -> None:
+    """v2 (a Delta step carrying the job's sequence) makes a worker older than it refuse the log."""
+    from shared.commit import table_step
+    from shared.events import TableBinding
+
+    req = msgspec.structs.replace(_req(2), seq=7)
+    plain = plan_commit(req, 1, now=0.0)
+    bound = plan_commit(req, 1, now=0.0, extra_steps=[table_step(req, TableBinding(delta=True))])
+    assert (plain.v, bound.v) == (1, 2)
+    back = decode_sequence(encode_sequence(bound))
+    assert back == bound and [getattr(s, "seq", None) for s in back.steps if s.phase == "apply"][-1] == 7
+    assert b'"v":2' in encode_sequence(bound)
+
+
 def test_decoding_refuses_unknown_kinds_versions_and_garbage() -> None:
     seq = plan_commit(_req(1), 1, now=0.0)
     data = encode_sequence(seq).replace(b'"kind":"cleanup"', b'"kind":"mystery"')

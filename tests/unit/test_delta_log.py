@@ -21,6 +21,7 @@ from shared.commit._delta_log import (
     app_id,
     checkpoint_body,
     commit_body,
+    decimal_bound,
     decode_path,
     delta_schema,
     encode_path,
@@ -28,6 +29,7 @@ from shared.commit._delta_log import (
     partition_values,
     read_listing,
     schema_mismatch,
+    timestamp_bound,
 )
 
 _TYPES: list[tuple[str, pa.DataType]] = [
@@ -106,9 +108,46 @@ def test_file_stats_from_the_footer_span_every_row_group() -> None:
     assert stats["maxValues"]["s"] == "x" * 32 + "\x7f"
     assert stats["minValues"]["d"] == "2023-05-01" and stats["maxValues"]["d"] == "2024-01-02"
     assert stats["nullCount"]["n"] == 1 and stats["nullCount"]["d"] == 2
-    for col in ("f", "ts", "flag", "dec", "st", "st.a"):
+    assert (stats["minValues"]["ts"], stats["maxValues"]["ts"]) == ("2024-01-01T00:00:00.000",) * 2
+    assert (stats["minValues"]["flag"], stats["maxValues"]["flag"]) == (False, True)
+    dec = msgspec.json.encode([stats["minValues"]["dec"], stats["maxValues"]["dec"]])
+    assert dec == b"[1.000,1.000]"  # exact, at the column's scale
+    for col in ("f", "st", "st.a"):  # floats (NaN), nested
         assert col not in stats["minValues"] and col not in stats["maxValues"]
     assert stats["nullCount"]["f"] == 0
+
+
+@pytest.mark.parametrize(
+    ("value", "unit", "tz", "upper", "text"),
+    [
+        (1_500, "us", False, False, "1970-01-01T00:00:00.001"),
+        (1_500, "us", False, True, "1970-01-01T00:00:00.002"),
+        (-1_500, "us", True, False, "1969-12-31T23:59:59.998Z"),
+        (-1_500, "us", True, True, "1969-12-31T23:59:59.999Z"),
+        (1_000_001, "ns", False, True, "1970-01-01T00:00:00.002"),
+        (7, "s", True, True, "1970-01-01T00:00:07.000Z"),
+        (5, "ms", False, True, "1970-01-01T00:00:00.005"),
+        (-62135596800000000, "us", False, False, "0001-01-01T00:00:00.000"),
+        (-62135596800000001, "us", False, False, None),  # before year 1
+        (253402300799999999, "us", False, True, None),  # 9999-12-31T23:59:59.999999: rounded up, past 9999
+        (253402300799999000, "us", True, True, "9999-12-31T23:59:59.999Z"),
+    ],
+)
+def test_timestamp_bounds_are_milliseconds_a_maximum_rounded_up(
+    value: int, unit: str, tz: bool, upper: bool, text: str | None
+) -> None:
+    assert timestamp_bound(value, unit, tz, upper) == text
+
+
+def test_decimal_bounds_are_exact_json_numbers_of_their_scale() -> None:
+    cases = [
+        (decimal.Decimal("-0.0000001"), 7, b"-0.0000001"),  # str() would give -1E-7
+        (decimal.Decimal("0"), 8, b"0.00000000"),
+        (decimal.Decimal("12"), 0, b"12"),
+        (decimal.Decimal("9" * 32 + ".999999"), 6, ("9" * 32 + ".999999").encode()),  # over 28 digits
+    ]
+    for value, scale, raw in cases:
+        assert msgspec.json.encode(decimal_bound(value, scale)) == raw
 
 
 def test_partition_values_from_hive_folders() -> None:
@@ -153,6 +192,7 @@ def _body(version: int, *, mode: str = "append", removes: list[dict[str, Any]] |
         dataset="sales",
         job=f"job-{version}",
         version=version,
+        txn_version=100 + version,  # the job's sequence, not the table version
         mode=mode,
         adds=[AddFile(rel=f"job-{version}~00000-a.parquet", size=10, partition={}, stats={"numRecords": 1})],
         removes=removes or [],
@@ -168,7 +208,8 @@ def test_replay_of_fleet_commits_tracks_files_txns_and_jobs() -> None:
     state.apply(2, _body(2, mode="overwrite", removes=list(state.files.values())), "v2")
     assert state.version == 2
     assert list(state.files) == ["job-2~00000-a.parquet"]
-    assert state.txns == {app_id("sales"): 2}
+    assert state.txns == {app_id("sales"): 102}
+    assert state.txn_at == {app_id("sales"): 2}  # the table version whose commit set it
     assert state.fleet_commits == {0: ("sales", "job-0"), 1: ("sales", "job-1"), 2: ("sales", "job-2")}
     assert state.protocol == {"minReaderVersion": 1, "minWriterVersion": 2}
     state.check_writable("overwrite")
@@ -183,6 +224,7 @@ def test_a_checkpoint_replays_to_the_same_state() -> None:
     again = DeltaState()
     again.apply_checkpoint(1, [data], "cp")
     assert (again.version, again.txns) == (1, state.txns)
+    assert (again.txn_at, again.checkpoint) == ({}, 1)  # a checkpoint keeps no table version of a txn
     assert again.protocol is not None
     assert {k: v for k, v in again.protocol.items() if v is not None} == state.protocol
     assert again.metadata is not None and state.metadata is not None
@@ -260,3 +302,24 @@ def test_schema_mismatch_names_the_column() -> None:
     assert schema_mismatch(table, fewer, []) is None  # a nullable column the file lacks: nulls
     assert "note" in (schema_mismatch(table, extra, []) or "")
     assert "amount" in (schema_mismatch(table, other, []) or "")
+
+
+def test_nanosecond_timestamps_get_bounds_from_the_footers_raw_values() -> None:
+    """pyarrow cannot make a datetime of a nanosecond bound (without pandas it raises): the raw count does."""
+    t = pa.table(
+        {
+            "ns": pa.array([1_000_001, 5_999_999_999], pa.timestamp("ns")),
+            "nstz": pa.array([-1, 0], pa.timestamp("ns", tz="UTC")),
+        }
+    )
+    buf = io.BytesIO()
+    pq.write_table(t, buf, coerce_timestamps=None, version="2.6")
+    stats = file_stats(pq.read_metadata(io.BytesIO(buf.getvalue())))
+    assert (stats["minValues"]["ns"], stats["maxValues"]["ns"]) == (
+        "1970-01-01T00:00:00.001",
+        "1970-01-01T00:00:06.000",
+    )
+    assert (stats["minValues"]["nstz"], stats["maxValues"]["nstz"]) == (
+        "1969-12-31T23:59:59.999Z",
+        "1970-01-01T00:00:00.000Z",
+    )

@@ -76,6 +76,7 @@ def rejected(data: bytes) -> InvalidMessage:
         ("decimal(9,2)", Decimal("-0.05")),
         ("decimal(38,10)", Decimal("0E-10")),
         ("decimal(5,0)", Decimal("12345")),
+        ("decimal(38,6)", Decimal("-" + "9" * 32 + ".999999")),  # over the default context's 28 digits
         ("date", dt.date(1, 1, 1)),
         ("time", dt.time(23, 59, 59, 999999)),
         ("timestamp", dt.datetime(1969, 12, 31, 23, 59, 59, 1)),
