@@ -120,8 +120,8 @@ async def delta_job_order(store: ObjectStore, dataset: str) -> list[str]:
     """Return the jobs of the Delta table's versions, oldest first, as delta-rs' history names them.
 
     Asserts each version's log file holds one ``txn`` of the dataset's binding (``commitfleet/<dataset>``,
-    docs/tables.md) at that version and names the same job in its ``commitInfo``. Local stores only
-    (delta-rs opens the folder in place).
+    docs/tables.md), whose version (the job's sequence) grows with the table's, and names the same job in
+    its ``commitInfo``. Local stores only (delta-rs opens the folder in place).
     """
     app_id = f"commitfleet/{dataset}"
     root = local_root(store)
@@ -132,11 +132,14 @@ async def delta_job_order(store: ObjectStore, dataset: str) -> list[str]:
         if isinstance(h.get("commitfleet"), dict)
     )
     assert [v for v, _ in history] == list(range(len(history))), f"{dataset}: versions {history}"
+    last_txn = -1
     for version, job in history:
         body = (await store.read(f"{dataset}/_delta_log/{version:020d}.json")).data
         actions = [msgspec.json.decode(line) for line in body.splitlines() if line.strip()]
         txns = [(a["txn"]["appId"], a["txn"]["version"]) for a in actions if "txn" in a]
-        assert txns == [(app_id, version)], f"{dataset} v{version}: txn {txns}"
+        assert len(txns) == 1 and txns[0][0] == app_id, f"{dataset} v{version}: txn {txns}"
+        assert txns[0][1] > last_txn, f"{dataset} v{version}: txn version {txns[0][1]} after {last_txn}"
+        last_txn = txns[0][1]
         infos = [a["commitInfo"]["commitfleet"]["job"] for a in actions if "commitInfo" in a]
         assert infos == [job], f"{dataset} v{version}: commitInfo {infos}, history {job}"
     return [job for _, job in history]
