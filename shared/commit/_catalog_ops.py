@@ -44,6 +44,9 @@ TABLE_IO_IMPL = "shared.commit.TableFileIO"
 """The table step's file IO (:mod:`._table_io`), as pyiceberg's ``py-io-impl`` names it."""
 INNER_IO_IMPL = "commitfleet.io-impl"
 """The catalog property naming the file IO that :data:`TABLE_IO_IMPL` wraps (``py-io-impl`` form)."""
+PY_CATALOG_IMPL = "py-catalog-impl"
+SQL_CATALOG_IMPL = "shared.commit.SqlTableCatalog"
+"""The table step's SQL catalog (:mod:`._sql_catalog`), as pyiceberg's ``py-catalog-impl`` names it."""
 
 _catalogs: dict[bytes, Catalog] = {}
 _catalogs_lock = threading.Lock()
@@ -114,6 +117,9 @@ def open_catalog(settings: Settings, store_url: str) -> Catalog:
         if props.get("uri", "").startswith("sqlite:////"):
             # SQLite creates the file, not its folder.
             os.makedirs(os.path.dirname(props["uri"][len("sqlite:///") :]), exist_ok=True)
+        if props.get("type") == "sql" and PY_CATALOG_IMPL not in props:
+            # pyiceberg's SQL catalog, keeping parsed metadata (_sql_catalog); it refuses a type beside it.
+            props = {k: v for k, v in props.items() if k != "type"} | {PY_CATALOG_IMPL: SQL_CATALOG_IMPL}
         try:
             cat = load_catalog(settings.tables.name, **props)
         except (ValueError, TypeError, NotImplementedError) as exc:
@@ -149,10 +155,14 @@ def load_table(cat: Catalog, table: str) -> Table | None:
     """Return the table, or None when it does not exist. Blocking; raises as :func:`classify`."""
     from pyiceberg.exceptions import NoSuchTableError
 
+    from ._sql_catalog import shared_metadata
+
     try:
-        return cat.load_table(split_identifier(table))
+        tbl = cat.load_table(split_identifier(table))
     except NoSuchTableError:
         return None
+    tbl.metadata = shared_metadata(tbl.metadata)  # no deep copies of it in the transaction (_sql_catalog)
+    return tbl
 
 
 def _strict(tbl: Table) -> Table:
@@ -236,6 +246,8 @@ def commit_files(
     """
     from pyiceberg.exceptions import CommitFailedException, NoSuchNamespaceError
 
+    from ._sql_catalog import SqlTableCatalog
+
     props = {**(extra_properties or {}), JOB_PROPERTY: job, DATASET_PROPERTY: dataset}
     ident = split_identifier(table)
     tbl = load_table(cat, table)
@@ -266,7 +278,12 @@ def commit_files(
             else:
                 _append(txn, tbl.io, paths, props, described or {})
         check()
-        txn.commit_transaction()
+        if isinstance(cat, SqlTableCatalog) and tbl is not None:
+            # Its conditional UPDATE is on the metadata location read above: no second load.
+            with cat.based_on(tbl):
+                txn.commit_transaction()
+        else:
+            txn.commit_transaction()
     except CommitFailedException as exc:
         again = load_table(cat, table)
         if again is not None and job_snapshot(again, dataset, job) is not None:
