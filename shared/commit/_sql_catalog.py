@@ -37,9 +37,12 @@ from typing import Any, Final
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.io import FileIO
 from pyiceberg.table import CommitTableResponse, Table
 from pyiceberg.table.metadata import TableMetadata, TableMetadataV2
 from pyiceberg.typedef import Identifier
+
+from ._table_io import WriteBatch
 
 MAX_KEPT_TABLES: Final = 16
 """Parsed metadata kept, in locations (one per table a process commits to, as a rule)."""
@@ -104,16 +107,18 @@ class SqlTableCatalog(SqlCatalog):
         self._based = threading.local()
 
     @contextmanager
-    def based_on(self, table: Table) -> Iterator[None]:
+    def based_on(self, table: Table, uploads: WriteBatch | None = None) -> Iterator[None]:
         """Within the block, a commit of ``table``'s identifier in this thread takes ``table`` as current.
 
+        A commit there also waits for ``uploads`` (its manifests, written in the
+        background) after writing the new metadata file and before its UPDATE.
         Yields nothing; the thread's base is reset on exit (also on error or cancel).
         """
-        self._based.table = table
+        self._based.table, self._based.uploads = table, uploads
         try:
             yield
         finally:
-            self._based.table = None
+            self._based.table = self._based.uploads = None
 
     def load_table(self, identifier: str | Identifier) -> Table:
         """Return the table (the thread's base inside :meth:`based_on`). Raises NoSuchTableError."""
@@ -138,6 +143,14 @@ class SqlTableCatalog(SqlCatalog):
             io=self._load_file_io(metadata.properties, location),
             catalog=self,
         )
+
+    def _write_metadata(self, metadata: TableMetadata, io: FileIO, metadata_path: str) -> None:  # type: ignore[override]
+        # pyiceberg writes the new metadata file just before its UPDATE: the manifests' uploads,
+        # started while it built them, end in the same round; the pointer moves only after all.
+        super()._write_metadata(metadata, io, metadata_path)
+        uploads: WriteBatch | None = getattr(self._based, "uploads", None)
+        if uploads is not None:
+            uploads.wait()
 
     def commit_table(self, table: Table, requirements: Any, updates: Any) -> CommitTableResponse:
         """Commit as pyiceberg does, and keep the metadata written under its location. Raises as pyiceberg."""
