@@ -7,9 +7,11 @@ metadata location in its conditional UPDATE. Parsing a metadata file is
 pydantic over a JSON that grows with the table's history, and an Iceberg
 metadata file never changes once written, so:
 
-- the parsed metadata is kept by metadata location (:data:`MAX_KEPT_TABLES`
-  locations, least recently used first out); the row is still read each
-  time, so a new location (another writer's commit) is always parsed;
+- the parsed metadata is kept by metadata location while its file's bytes
+  are kept by the file IO (:mod:`._table_io`: at most 8 MiB a file), at most
+  :data:`MAX_PARSED_BYTES` of such files in all, least recently used first
+  out; the row is still read each time, so a new location (another writer's
+  commit) is always parsed;
 - a commit's own result (the metadata it wrote, as pyiceberg returns it) is
   kept under its new location, so the next load of a table this process
   committed last parses nothing;
@@ -42,10 +44,10 @@ from pyiceberg.table import CommitTableResponse, Table
 from pyiceberg.table.metadata import TableMetadata, TableMetadataV2
 from pyiceberg.typedef import Identifier
 
-from ._table_io import WriteBatch
+from ._table_io import WriteBatch, kept_size
 
-MAX_KEPT_TABLES: Final = 16
-"""Parsed metadata kept, in locations (one per table a process commits to, as a rule)."""
+MAX_PARSED_BYTES: Final = 32 * 1024 * 1024
+"""Parsed metadata kept, in bytes of the metadata files it was parsed from (in memory: a few times that)."""
 
 
 class _SharedMetadataV2(TableMetadataV2):
@@ -78,22 +80,29 @@ class _Parsed:
     """Parsed table metadata by metadata location, least recently used first out. Thread-safe."""
 
     def __init__(self) -> None:
-        self._by_location: OrderedDict[str, TableMetadata] = OrderedDict()
+        self._by_location: OrderedDict[str, tuple[TableMetadata, int]] = OrderedDict()
+        self._bytes = 0
         self._lock = threading.Lock()
 
     def get(self, location: str) -> TableMetadata | None:
         with self._lock:
             found = self._by_location.get(location)
-            if found is not None:
-                self._by_location.move_to_end(location)
-            return found
+            if found is None:
+                return None
+            self._by_location.move_to_end(location)
+            return found[0]
 
     def put(self, location: str, metadata: TableMetadata) -> None:
+        size = kept_size(location)
+        if size is None:
+            return  # a file too big to keep (or not read through the file IO): parsed every time
         with self._lock:
-            self._by_location[location] = metadata
-            self._by_location.move_to_end(location)
-            while len(self._by_location) > MAX_KEPT_TABLES:
-                self._by_location.popitem(last=False)
+            old = self._by_location.pop(location, None)
+            self._bytes += size - (old[1] if old is not None else 0)
+            self._by_location[location] = (metadata, size)
+            while self._bytes > MAX_PARSED_BYTES:
+                _, (_, dropped) = self._by_location.popitem(last=False)
+                self._bytes -= dropped
 
 
 _PARSED = _Parsed()
@@ -159,4 +168,4 @@ class SqlTableCatalog(SqlCatalog):
         return response
 
 
-__all__ = ["MAX_KEPT_TABLES", "SqlTableCatalog", "shared_metadata"]
+__all__ = ["MAX_PARSED_BYTES", "SqlTableCatalog", "shared_metadata"]

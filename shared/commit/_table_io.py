@@ -94,6 +94,13 @@ class _Kept:
 
 _KEPT = _Kept()
 
+
+def kept_size(location: str) -> int | None:
+    """Return the size of the metadata file at ``location`` when its bytes are kept, else None."""
+    data = _KEPT.get(location)
+    return None if data is None else len(data)
+
+
 UPLOAD_THREADS: Final = 8
 """Threads uploading deferred metadata files, for the whole process."""
 _UPLOADS = ThreadPoolExecutor(max_workers=UPLOAD_THREADS, thread_name_prefix="table-upload")
@@ -279,4 +286,4 @@ class TableFileIO(FileIO):
         self._io(where).delete(location)
 
 
-__all__ = ["MAX_CACHE_BYTES", "MAX_FILE_BYTES", "UPLOAD_THREADS", "TableFileIO", "WriteBatch"]
+__all__ = ["MAX_CACHE_BYTES", "MAX_FILE_BYTES", "UPLOAD_THREADS", "TableFileIO", "WriteBatch", "kept_size"]
