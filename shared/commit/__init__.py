@@ -60,12 +60,14 @@ from ._wal import CommitSequence, decode_sequence, encode_sequence, read_sequenc
 from ._watermarks import AdvanceWatermarks, StreamMark, merge_watermarks, read_watermarks, read_watermarks_doc
 
 if TYPE_CHECKING:
+    from ._sql_catalog import SqlTableCatalog
     from ._table_io import TableFileIO
 
 # Imports pyiceberg (the optional ``tables`` extra): loaded when pyiceberg asks for it by name.
-__getattr__ = lazy_exports(__name__, {"TableFileIO": "._table_io"})
+__getattr__ = lazy_exports(__name__, {"TableFileIO": "._table_io", "SqlTableCatalog": "._sql_catalog"})
 
 __all__ = [
+    "SqlTableCatalog",
     "TableFileIO",
     "DescribedFile",
     "data_file_from_stats",

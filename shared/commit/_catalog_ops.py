@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
     from pyiceberg.table import Table
 
+    from ._table_io import WriteBatch
+
 JOB_PROPERTY = "commitfleet.job"
 DATASET_PROPERTY = "commitfleet.dataset"
 # A streaming job's micro-batch, in its snapshot's summary (docs/streaming.md).
@@ -44,6 +46,9 @@ TABLE_IO_IMPL = "shared.commit.TableFileIO"
 """The table step's file IO (:mod:`._table_io`), as pyiceberg's ``py-io-impl`` names it."""
 INNER_IO_IMPL = "commitfleet.io-impl"
 """The catalog property naming the file IO that :data:`TABLE_IO_IMPL` wraps (``py-io-impl`` form)."""
+PY_CATALOG_IMPL = "py-catalog-impl"
+SQL_CATALOG_IMPL = "shared.commit.SqlTableCatalog"
+"""The table step's SQL catalog (:mod:`._sql_catalog`), as pyiceberg's ``py-catalog-impl`` names it."""
 
 _catalogs: dict[bytes, Catalog] = {}
 _catalogs_lock = threading.Lock()
@@ -114,6 +119,9 @@ def open_catalog(settings: Settings, store_url: str) -> Catalog:
         if props.get("uri", "").startswith("sqlite:////"):
             # SQLite creates the file, not its folder.
             os.makedirs(os.path.dirname(props["uri"][len("sqlite:///") :]), exist_ok=True)
+        if props.get("type") == "sql" and PY_CATALOG_IMPL not in props:
+            # pyiceberg's SQL catalog, keeping parsed metadata (_sql_catalog); it refuses a type beside it.
+            props = {k: v for k, v in props.items() if k != "type"} | {PY_CATALOG_IMPL: SQL_CATALOG_IMPL}
         try:
             cat = load_catalog(settings.tables.name, **props)
         except (ValueError, TypeError, NotImplementedError) as exc:
@@ -149,20 +157,31 @@ def load_table(cat: Catalog, table: str) -> Table | None:
     """Return the table, or None when it does not exist. Blocking; raises as :func:`classify`."""
     from pyiceberg.exceptions import NoSuchTableError
 
+    from ._sql_catalog import shared_metadata
+
     try:
-        return cat.load_table(split_identifier(table))
+        tbl = cat.load_table(split_identifier(table))
     except NoSuchTableError:
         return None
+    tbl.metadata = shared_metadata(tbl.metadata)  # no deep copies of it in the transaction (_sql_catalog)
+    return tbl
 
 
-def _strict(tbl: Table) -> Table:
-    """Return ``tbl`` with pyiceberg's commit retry off (local copy: see the module doc)."""
+def _strict(tbl: Table, batch: WriteBatch) -> Table:
+    """Return ``tbl`` with pyiceberg's commit retry off (local copy: see the module doc).
+
+    Its file IO writes manifests and manifest lists in the background into ``batch``
+    (when it is the step's own, :mod:`._table_io`).
+    """
     from pyiceberg.table import Table as _Table
+
+    from ._table_io import TableFileIO
 
     props = {**tbl.metadata.properties, "commit.retry.num-retries": "0"}
     md = tbl.metadata.model_copy(update={"properties": props})
+    io = tbl.io.deferring(batch) if isinstance(tbl.io, TableFileIO) else tbl.io
     return _Table(
-        tbl.name(), metadata=md, metadata_location=tbl.metadata_location, io=tbl.io, catalog=tbl.catalog
+        tbl.name(), metadata=md, metadata_location=tbl.metadata_location, io=io, catalog=tbl.catalog
     )
 
 
@@ -236,11 +255,15 @@ def commit_files(
     """
     from pyiceberg.exceptions import CommitFailedException, NoSuchNamespaceError
 
+    from ._sql_catalog import SqlTableCatalog
+    from ._table_io import WriteBatch
+
     props = {**(extra_properties or {}), JOB_PROPERTY: job, DATASET_PROPERTY: dataset}
     ident = split_identifier(table)
     tbl = load_table(cat, table)
     if tbl is not None and job_snapshot(tbl, dataset, job) is not None:
         return False
+    batch = WriteBatch()
     try:
         if tbl is None:
             if mode != "create":
@@ -260,13 +283,21 @@ def commit_files(
             txn: Any = cat.create_table_transaction(ident, schema)
             _append(txn, io, paths, props, described or {})
         else:
-            txn = _transaction(_strict(tbl))
+            strict = _strict(tbl, batch)
+            txn = _transaction(strict)
             if mode == "overwrite":
                 _overwrite(tbl, txn, paths, props, described or {})
             else:
-                _append(txn, tbl.io, paths, props, described or {})
+                _append(txn, strict.io, paths, props, described or {})
         check()
-        txn.commit_transaction()
+        if isinstance(cat, SqlTableCatalog) and tbl is not None:
+            # Its conditional UPDATE is on the metadata location read above: no second load; and it
+            # waits for the batch's uploads after writing the new metadata file, before that UPDATE.
+            with cat.based_on(tbl, batch):
+                txn.commit_transaction()
+        else:
+            batch.wait()  # the manifests are in the store before the catalog points at them
+            txn.commit_transaction()
     except CommitFailedException as exc:
         again = load_table(cat, table)
         if again is not None and job_snapshot(again, dataset, job) is not None:
@@ -275,6 +306,9 @@ def commit_files(
     except ValueError as exc:
         # pyiceberg's answer to a file whose schema the table cannot take.
         raise CommitStepFailed(f"table {table}: schema mismatch: {exc}") from exc
+    finally:
+        # Nothing of this call is written after it returns (a stopped holder changes nothing later).
+        batch.settle()
     return True
 
 

@@ -11,6 +11,16 @@ Kept here, the files a process wrote or read before cost none the next time:
 a dataset's commits run on its shard's owner, which wrote the table's
 latest metadata itself when it committed the dataset's previous job.
 
+Within a commit, the manifests and the manifest list are written in the
+background (:class:`WriteBatch`, :meth:`TableFileIO.deferring`): kept in
+memory when closed, so pyiceberg goes on at once (it asks the manifest's size
+for the manifest list), and uploaded while it builds and writes the rest. The
+commit waits for every one of them before the catalog's pointer moves (the SQL
+catalog after writing the new metadata file, so all three are uploaded at
+once; other catalogs before their commit), so a table never points at a file
+that is not in the store. A failed upload fails the commit and is forgotten
+from memory.
+
 Only what a name can settle is answered from memory (content, size, and
 existence of a file seen; a new metadata file's name carries a fresh random
 UUID, so it is written without asking first whether it exists); everything
@@ -31,6 +41,9 @@ import io
 import re
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_all
 from typing import Any, Final
 
 from pyiceberg.io import FileIO, InputFile, InputStream, OutputFile, OutputStream, load_file_io
@@ -82,6 +95,53 @@ class _Kept:
 _KEPT = _Kept()
 
 
+def kept_size(location: str) -> int | None:
+    """Return the size of the metadata file at ``location`` when its bytes are kept, else None."""
+    data = _KEPT.get(location)
+    return None if data is None else len(data)
+
+
+UPLOAD_THREADS: Final = 8
+"""Threads uploading deferred metadata files, for the whole process."""
+_UPLOADS = ThreadPoolExecutor(max_workers=UPLOAD_THREADS, thread_name_prefix="table-upload")
+
+
+class WriteBatch:
+    """The metadata files one commit writes in the background. Thread-safe (pyiceberg writes from a pool)."""
+
+    def __init__(self) -> None:
+        self._pending: list[Future[None]] = []
+        self._lock = threading.Lock()
+
+    def submit(self, upload: Callable[[], None]) -> None:
+        """Start ``upload`` in the background; :meth:`wait` waits for it."""
+        fut = _UPLOADS.submit(upload)
+        with self._lock:
+            self._pending.append(fut)
+
+    def wait(self) -> None:
+        """Return once every upload submitted so far has ended.
+
+        Raises: the first failed upload's error (OSError or the store SDK's).
+        Blocking; the uploads cannot be interrupted.
+        """
+        with self._lock:
+            pending = list(self._pending)
+        wait_all(pending)
+        for fut in pending:
+            fut.result()
+
+    def settle(self) -> None:
+        """Return once every upload has ended, raising nothing (for a commit already failing).
+
+        A failed upload here is a file no table points at: the commit that wrote it
+        is not landing, and its error is the one that propagates.
+        """
+        with self._lock:
+            pending = list(self._pending)
+        wait_all(pending)
+
+
 def _is_metadata(location: str) -> bool:
     return location.endswith(_METADATA_SUFFIXES)
 
@@ -114,29 +174,48 @@ class _KeptInput(InputFile):
 
 
 class _KeepOnClose(io.BytesIO):
-    """The bytes of a metadata file being written; on close, written through and kept."""
+    """The bytes of a metadata file being written; on close, written through (or deferred) and kept."""
 
-    def __init__(self, target: OutputFile, *, overwrite: bool) -> None:
+    def __init__(self, target: OutputFile, *, overwrite: bool, batch: WriteBatch | None) -> None:
         super().__init__()
         self._target = target
         self._overwrite = overwrite
+        self._batch = batch
+
+    def _upload(self, data: bytes) -> None:
+        with self._target.create(overwrite=self._overwrite) as stream:
+            stream.write(data)
 
     def close(self) -> None:
         if self.closed:
             return
         data = self.getvalue()
         super().close()
-        with self._target.create(overwrite=self._overwrite) as stream:
-            stream.write(data)
-        _KEPT.put(self._target.location, data)
+        location = self._target.location
+        if self._batch is None or len(data) > MAX_FILE_BYTES:
+            # Not deferred (a file too big to keep would be asked from the store before it is there).
+            self._upload(data)
+            _KEPT.put(location, data)
+            return
+        _KEPT.put(location, data)  # pyiceberg asks the manifest's size right away
+
+        def upload() -> None:
+            try:
+                self._upload(data)
+            except BaseException:
+                _KEPT.forget(location)  # never answer for a file that is not in the store
+                raise
+
+        self._batch.submit(upload)
 
 
 class _KeptOutput(OutputFile):
     """A metadata file to write: written through on close, then kept."""
 
-    def __init__(self, inner: OutputFile) -> None:
+    def __init__(self, inner: OutputFile, batch: WriteBatch | None) -> None:
         super().__init__(inner.location)
         self._inner = inner
+        self._batch = batch
 
     def __len__(self) -> int:
         data = _KEPT.get(self.location)
@@ -154,7 +233,7 @@ class _KeptOutput(OutputFile):
         if not overwrite and not _FRESH_NAME.search(self.location) and self.exists():
             raise FileExistsError(f"Cannot create file, already exists: {self.location}")
         # Checked above; the write itself replaces (pyiceberg's local IO would check again).
-        stream: Any = _KeepOnClose(self._inner, overwrite=True)
+        stream: Any = _KeepOnClose(self._inner, overwrite=True, batch=self._batch)
         return stream  # type: ignore[no-any-return]
 
 
@@ -165,6 +244,16 @@ class TableFileIO(FileIO):
         super().__init__(properties)
         self._inner: dict[str, FileIO] = {}
         self._lock = threading.Lock()
+        self._batch: WriteBatch | None = None
+
+    def deferring(self, batch: WriteBatch) -> TableFileIO:
+        """Return this file IO writing its manifests and manifest lists in the background into ``batch``.
+
+        New metadata files (``*.metadata.json``) are still written through at once.
+        """
+        other = TableFileIO(self.properties)
+        other._inner, other._lock, other._batch = self._inner, self._lock, batch
+        return other
 
     def _io(self, location: str) -> FileIO:
         scheme = location.partition("://")[0] if "://" in location else ""
@@ -186,7 +275,9 @@ class TableFileIO(FileIO):
     def new_output(self, location: str) -> OutputFile:
         """Return the file to write at ``location`` (a metadata file: kept once written)."""
         inner = self._io(location).new_output(location)
-        return _KeptOutput(inner) if _is_metadata(location) else inner
+        if not _is_metadata(location):
+            return inner
+        return _KeptOutput(inner, self._batch if location.endswith(".avro") else None)
 
     def delete(self, location: str | InputFile | OutputFile) -> None:
         """Delete the file at ``location``, from memory too."""
@@ -195,4 +286,4 @@ class TableFileIO(FileIO):
         self._io(where).delete(location)
 
 
-__all__ = ["MAX_CACHE_BYTES", "MAX_FILE_BYTES", "TableFileIO"]
+__all__ = ["MAX_CACHE_BYTES", "MAX_FILE_BYTES", "UPLOAD_THREADS", "TableFileIO", "WriteBatch", "kept_size"]
