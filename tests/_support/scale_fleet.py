@@ -33,7 +33,15 @@ from pathlib import Path
 import redis.asyncio
 
 from shared import Settings
-from shared.events import JobStarted, QueueEvent, StagedFile, TaskFinished, staged_key
+from shared.events import (
+    DatasetExpectation,
+    JobFinished,
+    JobStarted,
+    QueueEvent,
+    StagedFile,
+    TaskFinished,
+    staged_key,
+)
 from shared.fleet import FleetRegistry
 from shared.queue import AsyncPublisher, Keys, ensure_fleet
 from tests._support.fleet import fleet_settings
@@ -175,6 +183,22 @@ async def _job_events(
         for t in range(tasks)
     ]
     return evs, staging
+
+
+async def finish_jobs(fleet: OpenFleet, r: redis.asyncio.Redis, count: int) -> int:
+    """Publish ``job_finished`` for the first ``count`` jobs: their datasets turn to committing (queued for a
+    slot, then running) while the rest stay waiting; return how many datasets that is."""
+    spec = fleet.spec
+    publisher = AsyncPublisher(r, fleet.settings.fleet.name, spec.shards)
+    evs: list[QueueEvent] = []
+    n = 0
+    for j, job in enumerate(spec.job_names()[:count]):
+        names = spec.datasets_of(j)
+        expect = DatasetExpectation(tasks=spec.tasks, winners=[0] * spec.tasks)
+        evs.append(JobFinished(job=job, datasets=dict.fromkeys(names, expect), finished_at=time.time()))
+        n += len(names)
+    await publisher.publish_many(evs)
+    return n
 
 
 @asynccontextmanager

@@ -11,7 +11,9 @@ that state is there, measures each surface ``--runs`` times:
   filtered by job, by prefix, by state, by shard), ``/status/jobs``,
   ``/jobs/{job}``, ``/datasets/{name}``: time (median, max) and response bytes;
   the requests are ``--gap`` seconds apart, past the coordinator's 1 s status
-  cache, so each one computes its answer. A route that answers 404 is reported
+  cache, so each one computes its answer (``--committing JOBS``: that many
+  jobs finish just before, and their datasets commit while measured, the fleet
+  busy as in issue 32's outside run; by default nothing changes). A route that answers 404 is reported
   ``absent`` (not built yet on this checkout);
 - the coordinator's memory: RSS idle (before any event was published), and its
   peak (``VmHWM``) and current RSS after each kind of request, against idle;
@@ -167,7 +169,8 @@ def _table(doc: dict[str, Any]) -> str:
     lines = [
         f"status_scale: {doc['spec']['datasets']} open datasets x {doc['spec']['tasks']} tasks, "
         f"{doc['spec']['jobs']} jobs, {doc['spec']['workers']} workers, {doc['spec']['shards']} shards; "
-        f"open datasets in Redis {doc['open_datasets']}; built in {took['build']:.0f} s "
+        f"open datasets in Redis {doc['open_datasets']} ({doc['committing_at_start']} set committing, "
+        f"{doc['open_datasets_at_end']} open at the end); built in {took['build']:.0f} s "
         f"(staging and publishing {took['produce']:.0f} s: staging {took['stage']:.0f} s, "
         f"publishing {took['publish']:.0f} s side by side; "
         f"intake after the last publish {took['intake_after_publish']:.0f} s)",
@@ -201,7 +204,7 @@ async def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """Build the state, measure, return the figures."""
     import redis.asyncio
 
-    from tests._support.scale_fleet import open_datasets
+    from tests._support.scale_fleet import finish_jobs, open_datasets
 
     spec = ScaleSpec(
         datasets=args.datasets, tasks=args.tasks, jobs=args.jobs, workers=args.workers, shards=args.shards
@@ -214,11 +217,27 @@ async def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         finally:
             await r.aclose()
         loaded = rss_mb(fleet.coordinator.pid)
+        committing = 0
+        if args.committing:
+            r = redis.asyncio.Redis.from_url(fleet.redis_url)
+            try:
+                committing = await finish_jobs(fleet, r, args.committing)
+            finally:
+                await r.aclose()
+            print(
+                f"{args.committing} jobs finished: {committing} datasets committing while measured",
+                flush=True,
+            )
         load0 = os.getloadavg()[0]
         print("measuring the admin API", flush=True)
         http = await asyncio.to_thread(_measure_http, fleet, args.runs, args.gap, args.timeout)
         print("measuring the CLI", flush=True)
         cli = await asyncio.to_thread(_measure_cli, fleet, args.cli_runs, args.timeout)
+        r = redis.asyncio.Redis.from_url(fleet.redis_url)
+        try:
+            left = await open_datasets(r, fleet.keys, spec.shards)
+        finally:
+            await r.aclose()
         coordinator = {
             "idle_rss_mb": fleet.idle_rss_mb,
             "idle_hwm_mb": fleet.idle_hwm_mb,
@@ -229,6 +248,8 @@ async def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         return {
             "spec": vars(spec),
             "open_datasets": count,
+            "committing_at_start": committing,
+            "open_datasets_at_end": left,
             "redis_used_memory_mb": used,
             "build_s": fleet.phases_s,
             "coordinator": coordinator,
@@ -247,6 +268,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--jobs", type=int, default=100, help="open jobs the datasets are split over")
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--shards", type=int, default=64)
+    p.add_argument(
+        "--committing",
+        type=int,
+        default=0,
+        metavar="JOBS",
+        help="finish this many jobs just before measuring: their datasets commit while measured",
+    )
     p.add_argument("--quick", action="store_true", help=f"{QUICK_DATASETS:,} datasets (a smoke run)")
     p.add_argument("--runs", type=int, default=5, help="requests of each kind")
     p.add_argument("--cli-runs", type=int, default=3, help="runs of each CLI command")
@@ -266,11 +294,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     with tempfile.TemporaryDirectory(prefix="commitfleet-status-scale-") as tmp:
         doc = asyncio.run(run(args, Path(tmp)))
-    print()
-    print(_table(doc))
-    if args.out:
-        args.out.write_text(json.dumps(doc, indent=2) + "\n")
-        print(f"\nfigures written to {args.out}")
+        print()
+        print(_table(doc))
+        if args.out:
+            args.out.write_text(json.dumps(doc, indent=2) + "\n")
+            print(f"\nfigures written to {args.out}")
+        staged = doc["spec"]["datasets"] * doc["spec"]["tasks"]
+        print(f"removing the built state ({staged:,} staged files)", flush=True)
     return 0
 
 
