@@ -11,10 +11,12 @@ that state is there, measures each surface ``--runs`` times:
   filtered by job, by prefix, by state, by shard), ``/status/jobs``,
   ``/jobs/{job}``, ``/datasets/{name}``: time (median, max) and response bytes;
   the requests are ``--gap`` seconds apart, past the coordinator's 1 s status
-  cache, so each one computes its answer (``--committing JOBS``: that many
-  jobs finish just before, and their datasets commit while measured, the fleet
-  busy as in issue 32's outside run; by default nothing changes). A route that answers 404 is reported
-  ``absent`` (not built yet on this checkout);
+  cache, so each one computes its answer, beside ``GET /healthz`` (the floor
+  of a request on the same machine at the same moment). With ``--committing
+  JOBS`` a second pass follows: that many jobs finish, and their datasets
+  commit while measured (the fleet busy, as in issue 32's outside run). A
+  route that answers 404 is reported ``absent`` (not built yet on this
+  checkout);
 - the coordinator's memory: RSS idle (before any event was published), and its
   peak (``VmHWM``) and current RSS after each kind of request, against idle;
 - the CLI: ``commitfleet status``, ``--all`` and ``--json`` as processes: wall
@@ -22,7 +24,7 @@ that state is there, measures each surface ``--runs`` times:
 
 Prints a table and writes the figures as JSON (``--out``)::
 
-    .venv/bin/python -m tests.bench.status_scale                 # 100,000 datasets x 10 tasks
+    .venv/bin/python -m tests.bench.status_scale --committing 10  # 100,000 datasets x 10 tasks
     .venv/bin/python -m tests.bench.status_scale --quick --out /tmp/scale.json   # 5,000 datasets
 
 Issue 32's targets at 100,000 open datasets: ``/status`` under 100 KB and
@@ -72,6 +74,7 @@ def _requests(fleet: OpenFleet) -> list[tuple[str, str]]:
     dataset = spec.datasets_of(spec.jobs // 2)[0]
     prefix = dataset[:-2]  # a hundred datasets
     return [
+        ("GET /healthz", "/healthz"),  # the floor: an HTTP round trip to the coordinator, nothing computed
         ("GET /status", "/status"),
         ("GET /metrics", "/metrics"),
         ("GET /status/datasets?job=", f"/status/datasets?job={job}&limit=100"),
@@ -163,48 +166,93 @@ def _measure_cli(fleet: OpenFleet, runs: int, timeout: float) -> list[dict[str, 
     return rows
 
 
-def _table(doc: dict[str, Any]) -> str:
-    idle = doc["coordinator"]["idle_rss_mb"]
-    took = doc["build_s"]
+def _pass_table(p: dict[str, Any], idle: float) -> list[str]:
+    base = next((row["median_s"] for row in p["http"] if row["request"] == "GET /healthz"), None)
     lines = [
-        f"status_scale: {doc['spec']['datasets']} open datasets x {doc['spec']['tasks']} tasks, "
-        f"{doc['spec']['jobs']} jobs, {doc['spec']['workers']} workers, {doc['spec']['shards']} shards; "
-        f"open datasets in Redis {doc['open_datasets']} ({doc['committing_at_start']} set committing, "
-        f"{doc['open_datasets_at_end']} open at the end); built in {took['build']:.0f} s "
-        f"(staging and publishing {took['produce']:.0f} s: staging {took['stage']:.0f} s, "
-        f"publishing {took['publish']:.0f} s side by side; "
-        f"intake after the last publish {took['intake_after_publish']:.0f} s)",
-        f"coordinator RSS idle {idle:.0f} MB (VmHWM {doc['coordinator']['idle_hwm_mb']:.0f} MB), "
-        f"loaded before any request {doc['coordinator']['loaded_rss_mb']:.0f} MB; "
-        f"load average {doc['load'][0]:.1f} -> {doc['load'][1]:.1f}",
-        "",
-        f"{'request':<30} {'median':>9} {'max':>9} {'bytes':>11} {'RSS MB':>7} {'peak MB':>8} "
-        f"{'peak/idle':>9}",
+        f"pass {p['name']!r}: {p['open_at_start']:,} open datasets at its start ({p['committing']:,} set "
+        f"committing just before), {p['open_at_end']:,} at its end; load average {p['load'][0]:.1f} -> "
+        f"{p['load'][1]:.1f}",
+        f"{'request':<30} {'median':>9} {'max':>9} {'x healthz':>9} {'bytes':>11} {'RSS MB':>7} "
+        f"{'peak MB':>8} {'peak/idle':>9}",
     ]
-    for row in doc["http"]:
+    for row in p["http"]:
         if row["absent"]:
             lines.append(f"{row['request']:<30} {'absent (404)':>9}")
             continue
         note = "" if row["status"] == 200 else f"  HTTP {row['status']}"
+        ratio = f"{row['median_s'] / base:>8.0f}x" if base else f"{'':>9}"
         lines.append(
-            f"{row['request']:<30} {row['median_s']:>8.3f}s {row['max_s']:>8.3f}s {row['bytes_median']:>11,} "
-            f"{row['rss_mb']:>7.0f} {row['hwm_mb']:>8.0f} {row['hwm_mb'] / idle:>8.2f}x{note}"
+            f"{row['request']:<30} {row['median_s']:>8.3f}s {row['max_s']:>8.3f}s {ratio} "
+            f"{row['bytes_median']:>11,} {row['rss_mb']:>7.0f} {row['hwm_mb']:>8.0f} "
+            f"{row['hwm_mb'] / idle:>8.2f}x{note}"
         )
-    lines += ["", f"{'command':<30} {'median':>9} {'max':>9} {'bytes':>11} {'peak RSS MB':>12}"]
-    for row in doc["cli"]:
+    lines += [f"{'command':<30} {'median':>9} {'max':>9} {'bytes':>11} {'peak RSS MB':>12}"]
+    for row in p["cli"]:
         note = "" if row["exit"] == 0 else f"  exit {row['exit']}"
         lines.append(
             f"{row['command']:<30} {row['median_s']:>8.2f}s {row['max_s']:>8.2f}s {row['bytes_median']:>11,} "
             f"{row['rss_peak_mb']:>12.0f}{note}"
         )
+    return lines
+
+
+def _table(doc: dict[str, Any]) -> str:
+    idle = doc["coordinator"]["idle_rss_mb"]
+    took = doc["build_s"]
+    lines = [
+        f"status_scale: {doc['spec']['datasets']:,} open datasets x {doc['spec']['tasks']} tasks, "
+        f"{doc['spec']['jobs']} jobs, {doc['spec']['workers']} workers, {doc['spec']['shards']} shards; "
+        f"open datasets in Redis {doc['open_datasets']:,}; "
+        f"Redis used_memory {doc['redis_used_memory_mb']:.0f} MB",
+        f"built in {took['build']:.0f} s (staging and publishing {took['produce']:.0f} s: staging "
+        f"{took['stage']:.0f} s, publishing {took['publish']:.0f} s side by side; intake after the last "
+        f"publish {took['intake_after_publish']:.0f} s)",
+        f"coordinator RSS idle {idle:.0f} MB (VmHWM {doc['coordinator']['idle_hwm_mb']:.0f} MB), built "
+        f"{doc['coordinator']['loaded_rss_mb']:.0f} MB, at the end {doc['coordinator']['end_rss_mb']:.0f} MB "
+        f"(VmHWM {doc['coordinator']['end_hwm_mb']:.0f} MB)",
+    ]
+    for p in doc["passes"]:
+        lines += ["", *_pass_table(p, idle)]
     return "\n".join(lines)
 
 
-async def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    """Build the state, measure, return the figures."""
+async def _open_count(fleet: OpenFleet) -> int:
     import redis.asyncio
 
-    from tests._support.scale_fleet import finish_jobs, open_datasets
+    from tests._support.scale_fleet import open_datasets
+
+    r = redis.asyncio.Redis.from_url(fleet.redis_url)
+    try:
+        return await open_datasets(r, fleet.keys, fleet.spec.shards)
+    finally:
+        await r.aclose()
+
+
+async def _pass(fleet: OpenFleet, args: argparse.Namespace, name: str, committing: int) -> dict[str, Any]:
+    """Measure every surface once over; return the pass's figures."""
+    start = await _open_count(fleet)
+    load0 = os.getloadavg()[0]
+    print(f"pass {name!r}: measuring the admin API", flush=True)
+    http = await asyncio.to_thread(_measure_http, fleet, args.runs, args.gap, args.timeout)
+    print(f"pass {name!r}: measuring the CLI", flush=True)
+    cli = await asyncio.to_thread(_measure_cli, fleet, args.cli_runs, args.timeout)
+    return {
+        "name": name,
+        "committing": committing,
+        "open_at_start": start,
+        "open_at_end": await _open_count(fleet),
+        "http": http,
+        "cli": cli,
+        "load": [load0, os.getloadavg()[0]],
+    }
+
+
+async def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """Build the state, measure it quiet (and, with ``--committing``, again while jobs commit); return
+    the figures."""
+    import redis.asyncio
+
+    from tests._support.scale_fleet import finish_jobs
 
     spec = ScaleSpec(
         datasets=args.datasets, tasks=args.tasks, jobs=args.jobs, workers=args.workers, shards=args.shards
@@ -212,30 +260,14 @@ async def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     async with open_fleet(work, spec, progress=True) as fleet:
         r = redis.asyncio.Redis.from_url(fleet.redis_url)
         try:
-            count = await open_datasets(r, fleet.keys, spec.shards)
+            count = await _open_count(fleet)
             used = int((await r.info("memory"))["used_memory"]) / 1e6
-        finally:
-            await r.aclose()
-        loaded = rss_mb(fleet.coordinator.pid)
-        committing = 0
-        if args.committing:
-            r = redis.asyncio.Redis.from_url(fleet.redis_url)
-            try:
+            loaded = rss_mb(fleet.coordinator.pid)
+            passes = [await _pass(fleet, args, "quiet", 0)]
+            if args.committing:
                 committing = await finish_jobs(fleet, r, args.committing)
-            finally:
-                await r.aclose()
-            print(
-                f"{args.committing} jobs finished: {committing} datasets committing while measured",
-                flush=True,
-            )
-        load0 = os.getloadavg()[0]
-        print("measuring the admin API", flush=True)
-        http = await asyncio.to_thread(_measure_http, fleet, args.runs, args.gap, args.timeout)
-        print("measuring the CLI", flush=True)
-        cli = await asyncio.to_thread(_measure_cli, fleet, args.cli_runs, args.timeout)
-        r = redis.asyncio.Redis.from_url(fleet.redis_url)
-        try:
-            left = await open_datasets(r, fleet.keys, spec.shards)
+                print(f"{args.committing} jobs finished: {committing} datasets committing", flush=True)
+                passes.append(await _pass(fleet, args, "committing", committing))
         finally:
             await r.aclose()
         coordinator = {
@@ -248,14 +280,10 @@ async def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         return {
             "spec": vars(spec),
             "open_datasets": count,
-            "committing_at_start": committing,
-            "open_datasets_at_end": left,
             "redis_used_memory_mb": used,
             "build_s": fleet.phases_s,
             "coordinator": coordinator,
-            "http": http,
-            "cli": cli,
-            "load": [load0, os.getloadavg()[0]],
+            "passes": passes,
             "at": time.time(),
         }
 
@@ -273,7 +301,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=0,
         metavar="JOBS",
-        help="finish this many jobs just before measuring: their datasets commit while measured",
+        help="after the quiet pass, finish this many jobs and measure again while their datasets commit",
     )
     p.add_argument("--quick", action="store_true", help=f"{QUICK_DATASETS:,} datasets (a smoke run)")
     p.add_argument("--runs", type=int, default=5, help="requests of each kind")
