@@ -79,7 +79,10 @@ def _requests(fleet: OpenFleet) -> list[tuple[str, str]]:
         ("GET /metrics", "/metrics"),
         ("GET /status/datasets?job=", f"/status/datasets?job={job}&limit=100"),
         ("GET /status/datasets?prefix=", f"/status/datasets?prefix={prefix}&limit=100"),
-        ("GET /status/datasets?state=", "/status/datasets?state=waiting&limit=100"),
+        # open: every dataset of an unfinished job; pending: waiting for tasks or committing (none
+        # in the quiet pass: the page that scans the most for the least)
+        ("GET /status/datasets?state=open", "/status/datasets?state=open&limit=100"),
+        ("GET /status/datasets?state=pending", "/status/datasets?state=pending&limit=100"),
         ("GET /status/datasets?shard=", "/status/datasets?shard=5&limit=100"),
         ("GET /status/jobs", "/status/jobs?limit=100"),
         ("GET /jobs/{job}", f"/jobs/{job}"),
@@ -118,7 +121,7 @@ def _measure_http(fleet: OpenFleet, runs: int, gap: float, timeout: float) -> li
         }
         rows.append(row)
         shown = "absent" if row["absent"] else f"{row['median_s']:.3f} s"
-        print(f"  {label:<30} {shown} (HTTP {row['status']}), RSS now {row['rss_mb']:.0f} MB", flush=True)
+        print(f"  {label:<34} {shown} (HTTP {row['status']}), RSS now {row['rss_mb']:.0f} MB", flush=True)
     return rows
 
 
@@ -172,25 +175,25 @@ def _pass_table(p: dict[str, Any], idle: float) -> list[str]:
         f"pass {p['name']!r}: {p['open_at_start']:,} open datasets at its start ({p['committing']:,} set "
         f"committing just before), {p['open_at_end']:,} at its end; load average {p['load'][0]:.1f} -> "
         f"{p['load'][1]:.1f}",
-        f"{'request':<30} {'median':>9} {'max':>9} {'x healthz':>9} {'bytes':>11} {'RSS MB':>7} "
+        f"{'request':<34} {'median':>9} {'max':>9} {'x healthz':>9} {'bytes':>11} {'RSS MB':>7} "
         f"{'peak MB':>8} {'peak/idle':>9}",
     ]
     for row in p["http"]:
         if row["absent"]:
-            lines.append(f"{row['request']:<30} {'absent (404)':>9}")
+            lines.append(f"{row['request']:<34} {'absent (404)':>9}")
             continue
         note = "" if row["status"] == 200 else f"  HTTP {row['status']}"
         ratio = f"{row['median_s'] / base:>8.0f}x" if base else f"{'':>9}"
         lines.append(
-            f"{row['request']:<30} {row['median_s']:>8.3f}s {row['max_s']:>8.3f}s {ratio} "
+            f"{row['request']:<34} {row['median_s']:>8.3f}s {row['max_s']:>8.3f}s {ratio} "
             f"{row['bytes_median']:>11,} {row['rss_mb']:>7.0f} {row['hwm_mb']:>8.0f} "
             f"{row['hwm_mb'] / idle:>8.2f}x{note}"
         )
-    lines += [f"{'command':<30} {'median':>9} {'max':>9} {'bytes':>11} {'peak RSS MB':>12}"]
+    lines += [f"{'command':<34} {'median':>9} {'max':>9} {'bytes':>11} {'peak RSS MB':>12}"]
     for row in p["cli"]:
         note = "" if row["exit"] == 0 else f"  exit {row['exit']}"
         lines.append(
-            f"{row['command']:<30} {row['median_s']:>8.2f}s {row['max_s']:>8.2f}s {row['bytes_median']:>11,} "
+            f"{row['command']:<34} {row['median_s']:>8.2f}s {row['max_s']:>8.2f}s {row['bytes_median']:>11,} "
             f"{row['rss_peak_mb']:>12.0f}{note}"
         )
     return lines
