@@ -23,7 +23,7 @@ async def test_the_quick_state_is_every_dataset_open_and_every_task_taken_in(tmp
 
     assert parse(["--quick"]).datasets == QUICK_DATASETS
     spec = ScaleSpec(datasets=QUICK_DATASETS, tasks=10, jobs=100, workers=4, shards=64)
-    async with open_fleet(tmp_path, spec) as fleet:
+    async with open_fleet(tmp_path, spec, build_timeout=300) as fleet:
         r = redis.asyncio.Redis.from_url(fleet.redis_url)
         try:
             keys = fleet.keys
