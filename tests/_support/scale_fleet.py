@@ -4,8 +4,8 @@
 worker processes (the product's launcher, as the other process benches do),
 waits until the workers own every shard, notes the coordinator's idle memory,
 then plays the producers: each job's tasks stage a tiny file in the
-local-files store's folder (plain files, as executors write them; in a process
-of its own, the next job's while this one's events are published) and the
+local-files store's folder (plain files, as executors write them; in processes of
+their own, the next jobs' while this one's events are published) and the
 job's ``job_started`` and ``task_finished`` events are published
 (``AsyncPublisher``). No job finishes, so every dataset stays open, waiting
 for its job's end (the liveness timeout is a day). It returns once the
@@ -20,6 +20,7 @@ Used by ``python -m tests.bench.status_scale`` and its smoke test.
 from __future__ import annotations
 
 import asyncio
+import collections
 import multiprocessing
 import os
 import secrets
@@ -51,6 +52,7 @@ from tests._support.processes import FleetProcess, ThrowawayRedis, free_port, wr
 # A day: the open jobs are not timed out while they are measured (their drivers publish no liveness).
 JOB_TIMEOUT_S = 86_400.0
 STAGED_NAME = "part-0.bin"
+STAGERS = 2  # staging processes: the two cores' file system calls side by side
 _STAGED = b"x" * 16  # what every staged file holds: its content is never read while the job is open
 
 
@@ -203,9 +205,16 @@ async def finish_jobs(fleet: OpenFleet, r: redis.asyncio.Redis, count: int) -> i
 
 @asynccontextmanager
 async def open_fleet(
-    work: Path, spec: ScaleSpec, *, progress: bool = False, build_timeout: float = 3600.0
+    work: Path,
+    spec: ScaleSpec,
+    *,
+    progress: bool = False,
+    build_timeout: float = 3600.0,
+    stagers: int = STAGERS,
 ) -> AsyncIterator[OpenFleet]:
     """Start the fleet in ``work``, build ``spec``'s open work through it, yield it; stop it all on exit.
+
+    ``stagers``: processes writing the staged files, each a job ahead of the publishing.
 
     Raises:
         RuntimeError: redis-server did not start, or the fleet did not settle or take in every
@@ -252,21 +261,23 @@ async def open_fleet(
             jobs = spec.job_names()
             t1 = time.monotonic()
             staging = publishing = 0.0
-            # The next job stages its files while this one's events are published (a producer's
-            # executors write while the driver reports), so the build takes what the slower of the two
-            # does; in a process of its own, so that the two do not share one interpreter lock.
+            # The next jobs stage their files while this one's events are published (a producer's
+            # executors write while the driver reports), in processes of their own (no shared
+            # interpreter lock), so the build takes what the slower of the two does.
             pool = stack.enter_context(
-                ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+                ProcessPoolExecutor(stagers, mp_context=multiprocessing.get_context("spawn"))
             )
             async with asyncio.TaskGroup() as tg:
-                nxt = tg.create_task(_job_events(pool, root, jobs[0], spec.datasets_of(0), spec.tasks))
+
+                def stage(j: int) -> asyncio.Task[tuple[list[QueueEvent], float]]:
+                    return tg.create_task(_job_events(pool, root, jobs[j], spec.datasets_of(j), spec.tasks))
+
+                ahead = collections.deque(stage(j) for j in range(min(stagers, spec.jobs)))
                 for j in range(spec.jobs):
-                    evs, secs = await nxt
+                    evs, secs = await ahead.popleft()
                     staging += secs
-                    if j + 1 < spec.jobs:
-                        nxt = tg.create_task(
-                            _job_events(pool, root, jobs[j + 1], spec.datasets_of(j + 1), spec.tasks)
-                        )
+                    if j + stagers < spec.jobs:
+                        ahead.append(stage(j + stagers))
                     tp = time.monotonic()
                     await publisher.publish_many(evs)
                     publishing += time.monotonic() - tp
@@ -289,7 +300,7 @@ async def open_fleet(
             took = fleet.phases_s
             log(
                 f"built {spec.datasets} open datasets x {spec.tasks} tasks in {took['build']:.0f} s "
-                f"(staging and publishing {took['produce']:.0f} s: staging {staging:.0f} s, "
+                f"(staging and publishing {took['produce']:.0f} s: staging {staging:.0f} s of process time, "
                 f"publishing {publishing:.0f} s, side by side; intake after the last publish "
                 f"{took['intake_after_publish']:.0f} s)"
             )

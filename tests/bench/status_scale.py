@@ -208,8 +208,8 @@ def _table(doc: dict[str, Any]) -> str:
         f"open datasets in Redis {doc['open_datasets']:,}; "
         f"Redis used_memory {doc['redis_used_memory_mb']:.0f} MB",
         f"built in {took['build']:.0f} s (staging and publishing {took['produce']:.0f} s: staging "
-        f"{took['stage']:.0f} s, publishing {took['publish']:.0f} s side by side; intake after the last "
-        f"publish {took['intake_after_publish']:.0f} s)",
+        f"{took['stage']:.0f} s of process time, publishing {took['publish']:.0f} s, side by side; "
+        f"intake after the last publish {took['intake_after_publish']:.0f} s)",
         f"coordinator RSS idle {idle:.0f} MB (VmHWM {doc['coordinator']['idle_hwm_mb']:.0f} MB), built "
         f"{doc['coordinator']['loaded_rss_mb']:.0f} MB, at the end {doc['coordinator']['end_rss_mb']:.0f} MB "
         f"(VmHWM {doc['coordinator']['end_hwm_mb']:.0f} MB)",
