@@ -25,7 +25,7 @@ that state is there, measures each surface ``--runs`` times:
 Prints a table and writes the figures as JSON (``--out``)::
 
     .venv/bin/python -m tests.bench.status_scale --committing 10  # 100,000 datasets x 10 tasks
-    .venv/bin/python -m tests.bench.status_scale --quick --out /tmp/scale.json   # 5,000 datasets
+    .venv/bin/python -m tests.bench.status_scale --quick --out scale.json   # 5,000 datasets
 
 Issue 32's targets at 100,000 open datasets: ``/status`` under 100 KB and
 100 ms, ``/metrics`` under 100 ms, the coordinator's RSS within 1.5x idle.
