@@ -2,10 +2,12 @@
 
 One hash per shard, ``cf:<fleet>:{s<n>}:state:inflight``, field = the work's
 label (``commit|<job>|<dataset>``, ...), value = an :class:`InFlight` record
-(JSON). The owner records every change of state (queued behind another work of the
-dataset, running, retrying since when, attempts, last error) and deletes the
-field when the work is done, so ``commitfleet status`` shows what each dataset
-is waiting for; the changes are written together at most every
+(JSON). The owner records the work that holds a slot (running, retrying since
+when, attempts, last error) and deletes the field when the work is done, so
+``commitfleet status`` shows what each dataset is waiting for: a commit or
+abort due that is not on the board is queued (waiting for a slot or for its
+dataset). Queued work is not written, so the board is bounded by the owners'
+slots, never by the open work; the changes are written together at most every
 ``FLUSH_DELAY_S`` (work that ends sooner never shows). Writes are best effort:
 a Redis error while updating the board is logged and never stops the work it
 describes.

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import redis.asyncio
 
-from coordinator.admin import fleet_summary
+from coordinator.admin import OpenWorkFilter, fleet_summary, open_work_page
 from shared.commit import CommitRequest, WinningAttempt, encode_sequence, plan_commit
 from shared.events import Committed, JobFailed, JobStarted, wal_key
 from shared.queue import Keys, shard_of
@@ -212,7 +212,8 @@ async def test_work_waiting_for_a_slot_or_for_its_dataset_shows_as_queued(
     fleet_name: str,
     tmp_path: Path,
 ) -> None:
-    """One in-flight slot, held by a commit paused at ``commit.locked``: the other commit shows `queued`.
+    """One in-flight slot, held by a commit paused at ``commit.locked``: the other commit shows `queued`
+    (in the open work's pages; the in-flight board holds only the running one).
 
     Both datasets are in one shard, so one intake batch queues both.
     """
@@ -232,11 +233,16 @@ async def test_work_waiting_for_a_slot_or_for_its_dataset_shows_as_queued(
             await asyncio.wait_for(paused.wait(), 30)
 
             async def states() -> dict[str, str] | None:
-                rows = await read_in_flight(redis_client, keys, settings.fleet.shards)
-                got = {r["dataset"]: r["state"] for r in rows}
+                page = await open_work_page(redis_client, keys, settings, OpenWorkFilter(job="job-q"), None)
+                got = {r["dataset"]: r["state"] for r in page.items}
                 return got if sorted(got.values()) == ["queued", "running"] else None
 
-            await wait_for(states, timeout=30, what="one running, one queued")
+            got = await wait_for(states, timeout=30, what="one running, one queued")
+            # The board holds the running one only: queued work is not written (bounded by the slots).
+            rows = await read_in_flight(redis_client, keys, settings.fleet.shards)
+            assert [(r["dataset"], r["state"]) for r in rows] == [
+                (d, st) for d, st in got.items() if st == "running"
+            ]
             go.set()
             await wait_for(lambda: committed(store, names, "job-q"), timeout=30, what="both")
 
