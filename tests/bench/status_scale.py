@@ -91,37 +91,48 @@ def _requests(fleet: OpenFleet) -> list[tuple[str, str]]:
 
 
 def _measure_http(fleet: OpenFleet, runs: int, gap: float, timeout: float) -> list[dict[str, Any]]:
+    """Request each kind once per round, ``runs`` rounds (kinds interleaved: while the fleet commits,
+    the load changes over the pass, and every kind sees the same share of it)."""
     pid = fleet.coordinator.pid
-    rows: list[dict[str, Any]] = []
-    for label, path in _requests(fleet):
-        times: list[float] = []
-        sizes: list[int] = []
-        codes: list[int] = []
-        for i in range(runs):
-            if i or rows:
+    kinds = _requests(fleet)
+    times: dict[str, list[float]] = {label: [] for label, _ in kinds}
+    sizes: dict[str, list[int]] = {label: [] for label, _ in kinds}
+    codes: dict[str, list[int]] = {label: [] for label, _ in kinds}
+    memory: dict[str, tuple[float, float]] = {}
+    first = True
+    for _ in range(runs):
+        for label, path in kinds:
+            if codes[label] and codes[label][-1] == 404:
+                continue  # the route is not there: once is enough
+            if not first:
                 time.sleep(gap)  # past the status cache: each request computes its answer
+            first = False
             code, size, secs = _get(fleet.http_port, path, timeout)
-            codes.append(code)
-            sizes.append(size)
-            times.append(secs)
-            if code == 404:
-                break  # the route is not there: once is enough
+            codes[label].append(code)
+            sizes[label].append(size)
+            times[label].append(secs)
+            memory[label] = (rss_mb(pid), vm_mb(pid, "VmHWM"))
+    rows: list[dict[str, Any]] = []
+    for label, path in kinds:
         row: dict[str, Any] = {
             "request": label,
             "path": path,
-            "status": codes[-1],
-            "absent": codes[-1] == 404,
-            "runs": len(times),
-            "median_s": statistics.median(times),
-            "max_s": max(times),
-            "bytes_median": int(statistics.median(sizes)),
-            "bytes_max": max(sizes),
-            "rss_mb": rss_mb(pid),
-            "hwm_mb": vm_mb(pid, "VmHWM"),
+            "status": codes[label][-1],
+            "absent": codes[label][-1] == 404,
+            "runs": len(times[label]),
+            "median_s": statistics.median(times[label]),
+            "max_s": max(times[label]),
+            "bytes_median": int(statistics.median(sizes[label])),
+            "bytes_max": max(sizes[label]),
+            "rss_mb": memory[label][0],
+            "hwm_mb": memory[label][1],
         }
         rows.append(row)
         shown = "absent" if row["absent"] else f"{row['median_s']:.3f} s"
-        print(f"  {label:<34} {shown} (HTTP {row['status']}), RSS now {row['rss_mb']:.0f} MB", flush=True)
+        print(
+            f"  {label:<34} {shown} (HTTP {row['status']}), RSS after its last {row['rss_mb']:.0f} MB",
+            flush=True,
+        )
     return rows
 
 
