@@ -140,7 +140,8 @@ def redis_errors(what: str) -> Iterator[None]:
 
     Works around sync and async code alike (``with redis_errors("XADD"): await ...``).
 
-    - authentication / ACL failures (wrong password, NOPERM) -> ConfigError
+    - authentication / ACL failures (wrong password, NOPERM, a command an ACL denies
+      inside a script) -> ConfigError
     - connection errors, timeouts, LOADING, TRYAGAIN, CLUSTERDOWN, MOVED / ASK
       left over after redis-py's redirects, a slot not covered, a cluster not
       reachable, READONLY (failover in progress), no master known to the
@@ -208,6 +209,10 @@ def redis_errors(what: str) -> Iterator[None]:
             raise ConfigError(f"{what}: a key has the wrong type (another program uses it?): {text}") from exc
         if text.startswith(("NOAUTH", "WRONGPASS")):
             raise ConfigError(f"redis refused our credentials during {what}: {text}") from exc
+        if text.startswith("NOPERM") or "can't run this command" in text:
+            # A command an ACL denies inside a script (EVAL / EVALSHA) comes as a plain error
+            # naming the script, not as NOPERM: the same configuration problem.
+            raise ConfigError(f"redis ACL denies {what}: {text}") from exc
         if "waitaof" in text.lower():
             # Checked at start (redis.durability); seen later only when the server changed under
             # us: appendonly turned off, or a failover to a node older than Redis 7.2.

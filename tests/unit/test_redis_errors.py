@@ -7,8 +7,9 @@ from collections.abc import Callable
 import pytest
 import redis.asyncio.cluster
 import redis.asyncio.connection
+import redis.exceptions as rx
 
-from shared import TransientError
+from shared import ConfigError, TransientError
 from shared._redis_py import CAUGHT, is_redis_failure, raised_in_redis_py
 from shared.queue import redis_errors
 from tests._support.ports import free_port
@@ -19,6 +20,19 @@ async def test_redis_py_tripping_over_a_closed_connection_is_transient() -> None
     conn = redis.asyncio.connection.Connection()
     with pytest.raises(TransientError, match="lost its connection during send"), redis_errors("send"):
         await conn._send_packed_command([b"*1\r\n$4\r\nPING\r\n"])
+
+
+def test_a_command_an_acl_denies_inside_a_script_is_a_config_error() -> None:
+    # Redis 7's reply when a script's redis.call runs a command the caller's ACL denies (seen when
+    # the worker rule lacked +hlen): a plain error, not NOPERM; a crash of the worker before.
+    text = (
+        "The user executing the script can't run this command or subcommand script: a775, on @user_script:49."
+    )
+    with (
+        pytest.raises(ConfigError, match="redis ACL denies save shard state"),
+        redis_errors("save shard state"),
+    ):
+        raise rx.ResponseError(text)
 
 
 def test_our_own_attribute_error_is_a_bug_and_propagates() -> None:
