@@ -405,8 +405,26 @@ class ShardStateStore:
             TransientError: Redis unavailable.
         """
         flat = [x for pair in status_counts(state).items() for x in pair]
+        durability = self._durability
         with redis_errors("write shard counts"):
-            reply = await self.redis.eval(_RECOUNT_LUA, 2, self._owner, self._counts, self.token, *flat)
+            if not durability.waits:
+                reply = await self.redis.eval(_RECOUNT_LUA, 2, self._owner, self._counts, self.token, *flat)
+            else:
+                # Like every durable write: the level's wait right behind it, on its connection.
+                if is_cluster(self.redis):
+                    await self.redis.initialize()  # the slot map routes the wait
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    pipe.eval(_RECOUNT_LUA, 2, self._owner, self._counts, self.token, *flat)
+                    waits = queue_durable(self.redis, pipe, [self._counts], durability)
+                    replies = list(await pipe.execute(raise_on_error=False))
+                reply = replies[0]
+                if isinstance(reply, BaseException):
+                    raise reply
+                if reply == 1:
+                    for r in replies[1:]:
+                        if isinstance(r, BaseException):
+                            raise r
+                    check_durable(replies, waits, durability, client=self.redis)
         self.check_saved(reply)
 
     async def _hash(self, key: str) -> dict[bytes | str, bytes | str]:
