@@ -26,6 +26,7 @@ import msgspec
 from .._errors import OutcomeUnknown, TransientError
 from ..settings import Settings, TableMode
 from ._errors import CommitStepFailed
+from ._iceberg_props import INNER_IO_IMPL, PY_IO_IMPL
 from ._table_files import DescribedFile, data_files
 
 if TYPE_CHECKING:
@@ -41,11 +42,8 @@ STREAM_APP_PROPERTY = "commitfleet.stream.app"
 STREAM_BATCH_PROPERTY = "commitfleet.stream.batch"
 STREAM_QUERY_PROPERTY = "commitfleet.stream.query"
 
-PY_IO_IMPL = "py-io-impl"
 TABLE_IO_IMPL = "shared.commit.TableFileIO"
 """The table step's file IO (:mod:`._table_io`), as pyiceberg's ``py-io-impl`` names it."""
-INNER_IO_IMPL = "commitfleet.io-impl"
-"""The catalog property naming the file IO that :data:`TABLE_IO_IMPL` wraps (``py-io-impl`` form)."""
 PY_CATALOG_IMPL = "py-catalog-impl"
 SQL_CATALOG_IMPL = "shared.commit.SqlTableCatalog"
 """The table step's SQL catalog (:mod:`._sql_catalog`), as pyiceberg's ``py-catalog-impl`` names it."""

@@ -49,7 +49,7 @@ from typing import Any, Final
 from pyiceberg.io import FileIO, InputFile, InputStream, OutputFile, OutputStream, load_file_io
 from pyiceberg.typedef import EMPTY_DICT, Properties
 
-from ._catalog_ops import INNER_IO_IMPL, PY_IO_IMPL
+from ._iceberg_props import INNER_IO_IMPL, PY_IO_IMPL
 
 MAX_FILE_BYTES: Final = 8 * 1024 * 1024
 MAX_CACHE_BYTES: Final = 64 * 1024 * 1024

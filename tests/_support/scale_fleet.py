@@ -49,6 +49,8 @@ from tests._support.fleet import fleet_settings
 from tests._support.memory import rss_mb
 from tests._support.processes import FleetProcess, ThrowawayRedis, free_port, write_config
 
+QUICK_DATASETS = 5_000
+"""Open datasets of the quick state (``status_scale --quick``, the builder's smoke test)."""
 # A day: the open jobs are not timed out while they are measured (their drivers publish no liveness).
 JOB_TIMEOUT_S = 86_400.0
 STAGED_NAME = "part-0.bin"

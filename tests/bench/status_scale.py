@@ -48,9 +48,8 @@ from pathlib import Path
 from typing import Any
 
 from tests._support.memory import rss_mb
-from tests._support.scale_fleet import OpenFleet, ScaleSpec, open_fleet, vm_mb
+from tests._support.scale_fleet import QUICK_DATASETS, OpenFleet, ScaleSpec, open_fleet, vm_mb
 
-QUICK_DATASETS = 5_000
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -13,15 +13,12 @@ from pathlib import Path
 import pytest
 import redis.asyncio
 
-from tests._support.scale_fleet import ScaleSpec, open_datasets, open_fleet, unread_events
+from tests._support.scale_fleet import QUICK_DATASETS, ScaleSpec, open_datasets, open_fleet, unread_events
 
 pytestmark = [pytest.mark.bench, pytest.mark.timeout(600)]
 
 
 async def test_the_quick_state_is_every_dataset_open_and_every_task_taken_in(tmp_path: Path) -> None:
-    from tests.bench.status_scale import QUICK_DATASETS, parse
-
-    assert parse(["--quick"]).datasets == QUICK_DATASETS
     spec = ScaleSpec(datasets=QUICK_DATASETS, tasks=10, jobs=100, workers=4, shards=64)
     async with open_fleet(tmp_path, spec, build_timeout=300) as fleet:
         r = redis.asyncio.Redis.from_url(fleet.redis_url)

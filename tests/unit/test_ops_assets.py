@@ -26,8 +26,10 @@ STATUS: dict[str, Any] = {
     "counters": {},
     "shard_table": [{"shard": 0, "lag": 1, "pending": 0, "dead_letters": 0}],
     "workers": [],
-    "open_jobs": [],
-    "pending": [],
+    # The summary of GET /status (coordinator.admin.fleet_summary): counts, never lists of open work.
+    "totals": dict.fromkeys(
+        ("open_jobs", "datasets", "waiting", "queued", "running", "blocked", "quarantined"), 0
+    ),
     "quarantined": [],
     "assignment_epoch": 1,
 }
