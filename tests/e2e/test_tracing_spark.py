@@ -30,7 +30,8 @@ from tests._support.redis_server import RedisHandle
 from tests._support.spark import spark_session_fixture
 from tests._support.wait import wait_for_sync
 
-pytestmark = pytest.mark.spark
+# Its own marker (make traces): a minute of Spark on top of the in-process tracing tests of the default run.
+pytestmark = [pytest.mark.spark, pytest.mark.traces]
 
 spark = spark_session_fixture("test-tracing", master="local[2]")
 
