@@ -36,66 +36,99 @@ _meta_dec = msgspec.json.Decoder(JobMeta)
 
 
 class OpenJobs:
-    """The fleet's count of distinct open jobs, and its unreadable job records, recounted only when
+    """The fleet's count of distinct open jobs, and its unreadable job records, recounted only where
     a shard's job records changed.
 
     A job has a record on every shard holding one of its datasets and nothing tells one shard of
     the others, so the count walks the job records' names (HSCAN of each shard's ``state:jobs``):
-    Redis work in proportion to the (job, shard) records, memory to the distinct open jobs' names;
-    never the datasets. Each shard's ``gen`` (``state:counts``) moves whenever a job record comes
-    or goes there: while no shard's gen moved the last count stands, and a summary reads O(shards).
+    Redis work and memory in proportion to the (job, shard) records; never the datasets. Each
+    shard's ``gen`` (``state:counts``) moves whenever a job record comes or goes there: only the
+    shards whose gen moved since the last walk are walked again, their first HSCANs pipelined in
+    one round trip (while jobs end on a busy fleet a gen moves on some shard at nearly every
+    summary; walking all 64 shards one HSCAN at a time cost 100-200 ms there).
     """
 
     def __init__(self) -> None:
-        self._gens: tuple[object, ...] | None = None
-        self._value: tuple[int, list[dict[str, Any]], int] = (0, [], 0)
+        # shard -> (its gen at the walk, its open job names, its unreadable records, how many)
+        self._shards: dict[int, tuple[object, frozenset[str], list[dict[str, Any]], int]] = {}
+        self._value: tuple[int, list[dict[str, Any]], int] | None = None  # the last count, while no gen moved
 
     async def count(
         self, r: redis.asyncio.Redis, keys: Keys, shards: int, gens: tuple[object, ...]
     ) -> tuple[int, list[dict[str, Any]], int]:
         """Return (distinct open jobs, unreadable job records (at most :data:`UNREADABLE_SHOWN`), how
-        many are unreadable), walking the job records unless ``gens`` are those of the last walk.
+        many are unreadable), walking again the shards whose gen is not that of their last walk.
         A shard without a gen (no counts yet) is walked every time.
 
         Raises:
             TransientError: Redis unavailable.
         """
-        if self._gens is not None and gens == self._gens and None not in gens:
+        for gone in [s for s in self._shards if s >= shards]:
+            del self._shards[gone]
+        stale = [
+            s
+            for s in range(shards)
+            if gens[s] is None or s not in self._shards or self._shards[s][0] != gens[s]
+        ]
+        if not stale and self._value is not None:
             return self._value
-        names: set[str] = set()
-        unreadable: list[dict[str, Any]] = []
-        bad = 0
-        for shard in range(shards):
-            key = keys.shard_state(shard, "jobs")
-            cursor = 0
-            while True:
-                with redis_errors("HSCAN open jobs"):
-                    cursor, fields = await r.hscan(key, cursor, count=1000)
+        names_of: dict[int, set[str]] = {s: set() for s in stale}
+        unreadable_of: dict[int, list[dict[str, Any]]] = {s: [] for s in stale}
+        bad_of = dict.fromkeys(stale, 0)
+        todo = {s: 0 for s in stale}  # shard -> its HSCAN cursor
+        while todo:
+            with redis_errors("HSCAN open jobs"):
+                async with r.pipeline(transaction=False) as pipe:
+                    for shard, cursor in todo.items():
+                        pipe.hscan(keys.shard_state(shard, "jobs"), cursor, count=1000)
+                    replies = await pipe.execute()
+            going: dict[int, int] = {}
+            for (shard, _), (cursor, fields) in zip(todo.items(), replies, strict=True):
                 assert isinstance(fields, dict), "HSCAN without NOVALUES answers fields and values"
-                for field, raw in fields.items():
-                    try:
-                        meta = _meta_dec.decode(raw)
-                        if meta.v not in READS:
-                            raise msgspec.ValidationError(
-                                f"state record version {meta.v}, this reads {STATE_VERSION}"
-                            )
-                    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeError) as exc:
-                        bad += 1
-                        if len(unreadable) < UNREADABLE_SHOWN:
-                            unreadable.append(
-                                {
-                                    "shard": shard,
-                                    "key": key,
-                                    "field": as_text(field),
-                                    "error": str(exc)[:TEXT_SHOWN],
-                                }
-                            )
-                        continue
-                    names.add(meta.job)
-                if cursor == 0:
-                    break
-        self._gens, self._value = gens, (len(names), unreadable, bad)
+                bad_of[shard] += _read_jobs(shard, keys, fields, names_of[shard], unreadable_of[shard])
+                if cursor != 0:
+                    going[shard] = cursor
+            todo = going
+        for shard in stale:
+            self._shards[shard] = (
+                gens[shard],
+                frozenset(names_of[shard]),
+                unreadable_of[shard],
+                bad_of[shard],
+            )
+        every: set[str] = set()
+        shown: list[dict[str, Any]] = []
+        bad_total = 0
+        for shard in range(shards):
+            _gen, names, unreadable, bad = self._shards[shard]
+            every |= names
+            shown += unreadable[: UNREADABLE_SHOWN - len(shown)]
+            bad_total += bad
+        self._value = (len(every), shown, bad_total)
         return self._value
+
+
+def _read_jobs(
+    shard: int, keys: Keys, fields: dict[Any, Any], names: set[str], unreadable: list[dict[str, Any]]
+) -> int:
+    """Add one HSCAN reply's job names to ``names`` and its undecodable records to ``unreadable`` (at
+    most :data:`UNREADABLE_SHOWN`); return how many did not decode."""
+    bad = 0
+    for field, raw in fields.items():
+        try:
+            meta = _meta_dec.decode(raw)
+            if meta.v not in READS:
+                raise msgspec.ValidationError(f"state record version {meta.v}, this reads {STATE_VERSION}")
+        except (msgspec.DecodeError, msgspec.ValidationError, UnicodeError) as exc:
+            bad += 1
+            if len(unreadable) < UNREADABLE_SHOWN:
+                key = keys.shard_state(shard, "jobs")
+                unreadable.append(
+                    {"shard": shard, "key": key, "field": as_text(field), "error": str(exc)[:TEXT_SHOWN]}
+                )
+            continue
+        names.add(meta.job)
+    return bad
 
 
 def _int(value: object) -> int:

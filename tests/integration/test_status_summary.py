@@ -92,12 +92,15 @@ async def test_open_jobs_are_recounted_when_a_shard_gen_moves(
     raw = json.dumps({"v": 2, "job": "by-hand", "opened_at": 1.0, "deadline": 2.0})
     await redis_client.hset(keys.shard_state(0, "jobs"), "by-hand", raw)
     assert (await fleet_summary(redis_client, keys, s, jobs))["totals"]["open_jobs"] == 4
-    # ...a new count sees it, and so does the kept one once an owner's save adds or drops a job record.
+    # ...a new count sees it; the kept one walks again only a shard whose gen moved: another shard's
+    # save adds its own job, and the hand-written record counts once its own shard's owner loads.
     assert (await fleet_summary(redis_client, keys, s))["totals"]["open_jobs"] == 5
     store = ShardStateStore(redis_client, keys, 1, b"w1@1")
     state = await store.load()  # the load's recount moves the gen too
     state.add_job(JobMeta(job="job-new", opened_at=1.0, deadline=2.0, datasets={}))
     await store.save(Batch(jobs={"job-new"}), state)
+    assert (await fleet_summary(redis_client, keys, s, jobs))["totals"]["open_jobs"] == 5
+    await ShardStateStore(redis_client, keys, 0, b"w1@0").load()  # the owner _populate set
     assert (await fleet_summary(redis_client, keys, s, jobs))["totals"]["open_jobs"] == 6
     # A record that does not decode is listed, not counted, and does not fail the summary.
     await redis_client.hset(keys.shard_state(2, "jobs"), "bad", b"{")
