@@ -1,5 +1,5 @@
 # The two commands of the README: `make demo` and `make test`.
-.PHONY: demo test lint typecheck check stress chaos streaming traces bench bootstrap schema spark-cluster redis-cluster redis-ha k8s-manifests
+.PHONY: demo test lint typecheck check stress chaos streaming traces spark-acl bench bootstrap schema spark-cluster redis-cluster redis-ha k8s-manifests
 
 VENV := .venv/bin
 
@@ -42,6 +42,10 @@ redis-cluster: bootstrap
 # a committing fleet and a Spark job, with wait_replicas 1 and 0.
 redis-ha: bootstrap
 	$(VENV)/pytest -q -m ha
+
+# A real Spark job (local mode) publishing under the producer's minimal ACL (tests/e2e/test_spark_acl.py).
+spark-acl: bootstrap
+	$(VENV)/pytest -q -m spark_acl
 
 # A real PySpark driver's span and the fleet's spans under it (tests/e2e/test_tracing_spark.py).
 traces: bootstrap

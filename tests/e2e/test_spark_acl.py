@@ -30,7 +30,9 @@ from tests._support.redis_server import RedisServer
 from tests._support.spark import spark_session_fixture
 from tests._support.wait import wait_for_sync
 
-pytestmark = pytest.mark.spark
+# Its own marker (make spark-acl): a minute of Spark on top of tests/integration/test_acl.py, which runs the
+# fleet and both publishers under the same rules in the default run.
+pytestmark = [pytest.mark.spark, pytest.mark.spark_acl]
 
 spark = spark_session_fixture("test-spark-acl", master="local[2]")
 
