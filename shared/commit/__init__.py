@@ -28,6 +28,7 @@ from ._catalog_ops import (
 from ._commit import commit_dataset, execute_sequence, recover_dataset
 from ._delta import CommitToDelta, read_state
 from ._errors import CommitStepFailed
+from ._head_start import HeadStarts
 from ._model import (
     CommitRequest,
     Manifest,
@@ -92,6 +93,7 @@ __all__ = [
     "CommitStepFailed",
     "CommitToDelta",
     "CommitToTable",
+    "HeadStarts",
     "Manifest",
     "ManifestFile",
     "Phase",

@@ -39,11 +39,13 @@ from ._catalog_ops import (
     STREAM_APP_PROPERTY,
     STREAM_BATCH_PROPERTY,
     STREAM_QUERY_PROPERTY,
+    PreparedAppend,
     classify,
     commit_files,
     job_snapshot,
     load_table,
     open_catalog,
+    prepare_append,
 )
 from ._delta import CommitToDelta, delta_step
 from ._model import CommitRequest
@@ -87,6 +89,7 @@ class CommitToTable(CommitStep, frozen=True, kw_only=True, tag="table"):
     """Land the job's published Parquet files (``files``: store keys) as one snapshot of ``table``."""
 
     phase: ClassVar[Phase] = "apply"
+    prepares: ClassVar[bool] = True
 
     dataset: str
     job: str
@@ -136,6 +139,32 @@ class CommitToTable(CommitStep, frozen=True, kw_only=True, tag="table"):
         """Land the snapshot unless it is there. Raises as :meth:`ensure`."""
         await self.ensure(ctx)
 
+    async def prepare(self, ctx: StepContext) -> PreparedAppend | None:
+        """Stage an append's snapshot and write its files, no pointer moved (:func:`prepare_append`).
+
+        Returns None where that does not serve (not an append, another
+        catalog, the table missing, the snapshot there). Raises: as :meth:`ensure`.
+        Cancelled: waits for the catalog's thread as :meth:`ensure` does.
+        """
+        if self.mode != "append":
+            return None
+        settings, url = ctx.settings, ctx.store.url
+
+        def stage() -> PreparedAppend | None:
+            cat = open_catalog(settings, url)
+            return prepare_append(
+                cat,
+                self.table,
+                self.mode,
+                self.dataset,
+                self.job,
+                self.uris(url),
+                self.summary(),
+                self.described_uris(url),
+            )
+
+        return await in_thread(_guarded(stage, f"table {self.table}"), settings.tables.call_timeout)
+
     async def ensure(self, ctx: StepContext) -> bool:
         """Check and commit in one optimistic transaction based on the read (see the module doc).
 
@@ -151,6 +180,8 @@ class CommitToTable(CommitStep, frozen=True, kw_only=True, tag="table"):
             LockLost / Fenced: the lease, checked just before the commit.
         """
         settings, url = ctx.settings, ctx.store.url
+        found = await ctx.head_starts.take(self)
+        prepared = found if isinstance(found, PreparedAppend) else None
         ctx.lease.check()
 
         def land() -> bool:
@@ -166,6 +197,7 @@ class CommitToTable(CommitStep, frozen=True, kw_only=True, tag="table"):
                 ctx.lease.check,
                 self.summary(),
                 self.described_uris(url),
+                prepared,
             )
             ctx.probe("table.committed")
             return landed

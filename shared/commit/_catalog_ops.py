@@ -25,6 +25,7 @@ import msgspec
 
 from .._errors import OutcomeUnknown, TransientError
 from ..settings import Settings, TableMode
+from . import _iceberg_append as iceberg_append
 from ._errors import CommitStepFailed
 from ._iceberg_props import INNER_IO_IMPL, PY_IO_IMPL
 from ._table_files import DescribedFile, data_files
@@ -33,6 +34,8 @@ if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
     from pyiceberg.table import Table
 
+    from ._iceberg_append import StagedAppend
+    from ._sql_catalog import StagedCommit
     from ._table_io import WriteBatch
 
 JOB_PROPERTY = "commitfleet.job"
@@ -231,8 +234,13 @@ def commit_files(
     check: Callable[[], None],
     extra_properties: dict[str, str] | None = None,
     described: Mapping[str, DescribedFile] | None = None,
+    prepared: PreparedAppend | None = None,
 ) -> bool:
     """Make the job's snapshot exist: check, then one optimistic transaction based on what was read.
+
+    With ``prepared`` (:func:`prepare_append`'s, earlier in the same holding
+    of the dataset's lock), the catalog's row moves to its metadata at once
+    when the table has not moved since; else as without it.
 
     ``paths`` are the published Parquet files' full URIs; ``check`` is called
     just before the commit (the lease); ``extra_properties`` go into the
@@ -256,6 +264,13 @@ def commit_files(
     from ._sql_catalog import SqlTableCatalog
     from ._table_io import WriteBatch
 
+    if prepared is not None and isinstance(cat, SqlTableCatalog):
+        check()
+        try:
+            cat.finish_commit(prepared.table, prepared.commit)
+            return True
+        except CommitFailedException:
+            pass  # the table moved since it was prepared: read, check and commit again below
     props = {**(extra_properties or {}), JOB_PROPERTY: job, DATASET_PROPERTY: dataset}
     ident = split_identifier(table)
     tbl = load_table(cat, table)
@@ -281,6 +296,13 @@ def commit_files(
             txn: Any = cat.create_table_transaction(ident, schema)
             _append(txn, io, paths, props, described or {})
         else:
+            if mode == "append" and iceberg_append.applies(tbl.metadata):
+                io = _deferring(tbl, batch)
+                files = data_files(io, tbl.metadata, paths, described or {})
+                staged = iceberg_append.stage_append(tbl, io, files, props)
+                check()
+                _commit_staged(cat, tbl, staged, batch)
+                return True
             strict = _strict(tbl, batch)
             txn = _transaction(strict)
             if mode == "overwrite":
@@ -308,6 +330,85 @@ def commit_files(
         # Nothing of this call is written after it returns (a stopped holder changes nothing later).
         batch.settle()
     return True
+
+
+class PreparedAppend:
+    """An append staged ahead of its turn: the table as read, and its next metadata (all files stored)."""
+
+    __slots__ = ("commit", "table")
+
+    def __init__(self, table: Table, commit: StagedCommit) -> None:
+        self.table = table
+        self.commit = commit
+
+
+def prepare_append(
+    cat: Catalog,
+    table: str,
+    mode: TableMode,
+    dataset: str,
+    job: str,
+    paths: Sequence[str],
+    extra_properties: dict[str, str] | None = None,
+    described: Mapping[str, DescribedFile] | None = None,
+) -> PreparedAppend | None:
+    """Stage the job's append and write all its files, moving no pointer; None where it cannot serve.
+
+    Everything of :func:`commit_files` but its last statement, for an append
+    the lean path takes (:func:`._iceberg_append.applies`, a SQL catalog that
+    counts rows): the table read, the data files built, the manifest,
+    manifest list and new metadata file written and uploaded. Nothing points
+    at them until ``commit_files(..., prepared=...)``; if that never comes,
+    or the table moves first, they are files no snapshot refers to (as any
+    refused optimistic commit leaves). None also when the table is missing,
+    the job's snapshot is there already, or a file does not fit (the commit
+    in turn meets and reports each of those itself). Blocking.
+
+    Raises:
+        CommitfleetError, pyiceberg's, SQLAlchemy's and the store's errors: as :func:`commit_files`.
+    """
+    from ._sql_catalog import SqlTableCatalog
+    from ._table_io import WriteBatch
+
+    if mode != "append" or not isinstance(cat, SqlTableCatalog) or not cat.can_stage():
+        return None
+    tbl = load_table(cat, table)
+    if tbl is None or job_snapshot(tbl, dataset, job) is not None or not iceberg_append.applies(tbl.metadata):
+        return None
+    props = {**(extra_properties or {}), JOB_PROPERTY: job, DATASET_PROPERTY: dataset}
+    batch = WriteBatch()
+    try:
+        io = _deferring(tbl, batch)
+        files = data_files(io, tbl.metadata, paths, described or {})
+        staged = iceberg_append.stage_append(tbl, io, files, props)
+        commit = cat.stage_commit(tbl, staged.requirements, staged.updates)
+        batch.wait()
+    except ValueError:
+        return None  # a file the table cannot take: the commit in turn says so
+    finally:
+        batch.settle()  # nothing of this call is written after it returns
+    return PreparedAppend(tbl, commit)
+
+
+def _deferring(tbl: Table, batch: WriteBatch) -> Any:
+    """Return ``tbl``'s file IO writing manifests in the background into ``batch`` (if the step's own)."""
+    from ._table_io import TableFileIO
+
+    return tbl.io.deferring(batch) if isinstance(tbl.io, TableFileIO) else tbl.io
+
+
+def _commit_staged(cat: Catalog, tbl: Table, staged: StagedAppend, batch: WriteBatch) -> None:
+    """Commit a staged append to ``tbl`` through ``cat``, once its manifests are in the store.
+
+    Raises: as ``Catalog.commit_table`` (CommitFailedException when the table moved since it was read).
+    """
+    from ._sql_catalog import SqlTableCatalog
+
+    if isinstance(cat, SqlTableCatalog):
+        cat.commit_staged(tbl, staged.requirements, staged.updates, batch)
+    else:
+        batch.wait()
+        cat.commit_table(tbl, staged.requirements, staged.updates)
 
 
 def _name_mapping(txn: Any) -> None:
@@ -373,6 +474,7 @@ def classify(exc: Exception, what: str) -> Exception:
 
 __all__ = [
     "DATASET_PROPERTY",
+    "PreparedAppend",
     "JOB_PROPERTY",
     "STREAM_APP_PROPERTY",
     "STREAM_BATCH_PROPERTY",
@@ -383,5 +485,6 @@ __all__ = [
     "job_snapshot",
     "load_table",
     "open_catalog",
+    "prepare_append",
     "split_identifier",
 ]

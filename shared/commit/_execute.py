@@ -12,7 +12,9 @@ every step.
 Each step runs as ``is_done`` -> ``execute`` (or its cheaper ``ensure``) under
 the commit retry policy; transient errors and unknown outcomes are retried
 (the next try starts by re-checking: an unknown outcome is re-read, never
-assumed). When a step's budget is spent, or it raises
+assumed). Steps that can prepare part of their work ahead of their turn
+(:mod:`._head_start`) start it when the run begins, beside the publish phase.
+When a step's budget is spent, or it raises
 :class:`CommitStepFailed`, no further step starts: the run ends with the
 failure recorded, and the caller quarantines the sequence.
 """
@@ -21,12 +23,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
 
+from .._aio import TaskGroup
 from .._errors import CommitfleetError, LockLost
 from .._retry import RetryPolicy
 from ..storage import ObjectInfo
 from ..tracing import Attributes
 from ._bounded import with_retry
+from ._head_start import HeadStarts
 from ._progress import Progress, step_failure
 from ._publish_phase import run_publish
 from ._steps import PHASES, CommitStep, StepContext
@@ -92,6 +97,26 @@ async def run_steps(
     Cancelled: steps in flight are cancelled; everything done so far is
     idempotent and the next holder verifies it.
     """
+    starts = HeadStarts()
+    ctx = replace(ctx, head_starts=starts)
+    async with TaskGroup() as group:
+        starts.start(group, steps, ctx)
+        try:
+            return await _run_phases(steps, ctx, policy, dataset=dataset, job=job, listed=listed, fence=fence)
+        finally:
+            starts.drop()
+
+
+async def _run_phases(
+    steps: list[CommitStep],
+    ctx: StepContext,
+    policy: RetryPolicy,
+    *,
+    dataset: str,
+    job: str,
+    listed: Mapping[str, ObjectInfo] | None,
+    fence: Fence,
+) -> Progress:
     progress = Progress()
     fenced = False
 

@@ -38,11 +38,15 @@ from contextlib import contextmanager
 from typing import Any, Final
 
 from pyiceberg.catalog import Catalog
-from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.catalog.sql import IcebergTables, SqlCatalog
+from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
 from pyiceberg.io import FileIO
 from pyiceberg.table import CommitTableResponse, Table
+from pyiceberg.table.locations import load_location_provider
 from pyiceberg.table.metadata import TableMetadata, TableMetadataV2
+from pyiceberg.table.update import update_table_metadata
 from pyiceberg.typedef import Identifier
+from sqlalchemy import bindparam, select, update
 
 from ._table_io import WriteBatch, kept_size
 
@@ -108,12 +112,43 @@ class _Parsed:
 _PARSED = _Parsed()
 
 
+class StagedCommit:
+    """A commit's new metadata file (written) and its metadata, for :meth:`SqlTableCatalog.finish_commit`."""
+
+    __slots__ = ("location", "metadata")
+
+    def __init__(self, location: str, metadata: TableMetadata) -> None:
+        self.location = location
+        self.metadata = metadata
+
+
+class _Statements:
+    """The SQL of a load and of a staged commit, for one catalog name (parameters: ns, name, old, new)."""
+
+    def __init__(self, catalog: str, type_filter: Any) -> None:
+        row = (
+            IcebergTables.catalog_name == catalog,
+            IcebergTables.table_namespace == bindparam("ns"),
+            IcebergTables.table_name == bindparam("name"),
+        )
+        select_row = select(
+            IcebergTables.table_namespace, IcebergTables.table_name, IcebergTables.metadata_location
+        ).where(*row)
+        self.select = select_row if type_filter is None else select_row.where(type_filter)
+        self.update = (
+            update(IcebergTables)
+            .where(*row, IcebergTables.metadata_location == bindparam("old"))
+            .values(metadata_location=bindparam("new"), previous_metadata_location=bindparam("old"))
+        )
+
+
 class SqlTableCatalog(SqlCatalog):
     """pyiceberg's SQL catalog, parsed metadata kept, a commit based on its read (see the module doc)."""
 
     def __init__(self, name: str, **properties: str) -> None:
         super().__init__(name, **properties)
         self._based = threading.local()
+        self._stmts: _Statements | None = None
 
     @contextmanager
     def based_on(self, table: Table, uploads: WriteBatch | None = None) -> Iterator[None]:
@@ -129,12 +164,95 @@ class SqlTableCatalog(SqlCatalog):
         finally:
             self._based.table = self._based.uploads = None
 
+    def _statements(self) -> _Statements:
+        # Built once: building SQLAlchemy's expressions cost more than running them.
+        found = self._stmts
+        if found is None:
+            found = self._stmts = _Statements(self.name, self._iceberg_type_filter())
+        return found
+
     def load_table(self, identifier: str | Identifier) -> Table:
-        """Return the table (the thread's base inside :meth:`based_on`). Raises NoSuchTableError."""
+        """Return the table (the thread's base inside :meth:`based_on`). Raises NoSuchTableError.
+
+        The row is read with one SQL statement on a pooled connection (pyiceberg's
+        opens an ORM session for it: most of a cached load's time).
+        """
         base: Table | None = getattr(self._based, "table", None)
         if base is not None and base.name() == Catalog.identifier_to_tuple(identifier):
             return base
-        return super().load_table(identifier)
+        namespace = Catalog.namespace_to_string(Catalog.namespace_from(identifier))
+        name = Catalog.table_name_from(identifier)
+        with self.engine.connect() as conn:
+            row = conn.execute(self._statements().select, {"ns": namespace, "name": name}).first()
+        if row is None:
+            raise NoSuchTableError(f"Table does not exist: {namespace}.{name}")
+        return self._convert_orm_to_iceberg(row)
+
+    def can_stage(self) -> bool:
+        """True when :meth:`stage_commit` and :meth:`finish_commit` serve (the database counts rows).."""
+        return bool(self.engine.dialect.supports_sane_rowcount)
+
+    def stage_commit(self, table: Table, requirements: Any, updates: Any) -> StagedCommit:
+        """Write the metadata file of ``updates`` applied to ``table`` as read; return it, not yet current.
+
+        pyiceberg's ``commit_table`` up to its UPDATE: the requirements checked
+        on ``table``, the updates applied once, the new metadata file written
+        under the next version. Nothing points at it until :meth:`finish_commit`.
+
+        Raises:
+            CommitFailedException: a requirement fails on ``table``.
+            The file IO's errors: the file could not be written.
+        """
+        for requirement in requirements:
+            requirement.validate(table.metadata)
+        metadata = update_table_metadata(
+            base_metadata=table.metadata, updates=updates, metadata_location=table.metadata_location
+        )
+        version = self._parse_metadata_version(table.metadata_location) + 1
+        location = load_location_provider(metadata.location, metadata.properties)
+        new_location = location.new_table_metadata_file_location(version)
+        io = self._load_file_io(properties=metadata.properties, location=new_location)
+        SqlCatalog._write_metadata(metadata, io, new_location)
+        return StagedCommit(new_location, metadata)
+
+    def finish_commit(self, table: Table, staged: StagedCommit) -> None:
+        """Move ``table``'s row from the location it was read at to ``staged``'s, in one conditional UPDATE.
+
+        Every file ``staged`` refers to must be in the store already. On a
+        pooled connection (pyiceberg opens an ORM session: most of its commit's
+        time besides the database's own).
+
+        Raises:
+            CommitFailedException: the row moved since ``table`` was read (nothing changed).
+            SQLAlchemy's errors: the commit failed, or its outcome is unknown.
+        """
+        ident = table.name()
+        params = {
+            "ns": Catalog.namespace_to_string(Catalog.namespace_from(ident)),
+            "name": Catalog.table_name_from(ident),
+            "old": table.metadata_location,
+            "new": staged.location,
+        }
+        with self.engine.begin() as conn:
+            if conn.execute(self._statements().update, params).rowcount < 1:
+                raise CommitFailedException(f"Table has been updated by another process: {'.'.join(ident)}")
+        _PARSED.put(staged.location, shared_metadata(staged.metadata))
+
+    def commit_staged(self, table: Table, requirements: Any, updates: Any, uploads: WriteBatch) -> None:
+        """Commit ``updates`` to ``table`` as read, once ``uploads`` ended: pyiceberg's commit, leaner.
+
+        :meth:`stage_commit`, then the uploads waited for, then
+        :meth:`finish_commit`; ``commit_table`` where :meth:`can_stage` says no.
+
+        Raises: as those two.
+        """
+        if not self.can_stage():
+            with self.based_on(table, uploads):
+                self.commit_table(table, requirements, updates)
+            return
+        staged = self.stage_commit(table, requirements, updates)
+        uploads.wait()
+        self.finish_commit(table, staged)
 
     def _convert_orm_to_iceberg(self, orm_table: Any) -> Table:
         # The row was read; only the metadata file's parse is saved when its location was seen.
@@ -168,4 +286,4 @@ class SqlTableCatalog(SqlCatalog):
         return response
 
 
-__all__ = ["MAX_PARSED_BYTES", "SqlTableCatalog", "shared_metadata"]
+__all__ = ["MAX_PARSED_BYTES", "SqlTableCatalog", "StagedCommit", "shared_metadata"]

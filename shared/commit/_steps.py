@@ -37,6 +37,7 @@ from ..storage import ObjectInfo, ObjectStore
 from ..tracing import NO_TRACER, Tracer
 from ._bounded import for_each_bounded
 from ._errors import CommitStepFailed
+from ._head_start import NO_HEAD_STARTS, HeadStarts
 from ._model import Manifest, ManifestFile
 
 Phase = Literal["publish", "apply", "manifest", "cleanup"]
@@ -70,6 +71,7 @@ class StepContext:
     publish phase, by key: their copies are pinned to those versions.
     ``probe`` is called at the points a test may hook into (default: none).
     ``tracer`` records a span per phase (default: none; docs/tracing.md).
+    ``head_starts`` holds the steps' preparations of the run (:mod:`._head_start`).
     """
 
     store: ObjectStore
@@ -79,6 +81,7 @@ class StepContext:
     verified: Mapping[str, ObjectInfo] = field(default_factory=dict)
     probe: CommitProbe = no_probe
     tracer: Tracer = NO_TRACER
+    head_starts: HeadStarts = NO_HEAD_STARTS
 
 
 class CommitStep(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind"):
@@ -94,6 +97,8 @@ class CommitStep(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind"):
     phase: ClassVar[Phase] = "apply"
     # The write-ahead log format version a log holding this step is written at (see _wal.WAL_VERSIONS).
     wal_version: ClassVar[int] = 1
+    # True when the kind implements :meth:`prepare` (the executor then starts it ahead of the step's turn).
+    prepares: ClassVar[bool] = False
 
     async def is_done(self, ctx: StepContext) -> bool:
         """Return True when the step's effect is already in place in the store."""
@@ -102,6 +107,18 @@ class CommitStep(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind"):
     async def execute(self, ctx: StepContext) -> None:
         """Bring the effect about; idempotent. Returns None; raises as the module says."""
         raise NotImplementedError
+
+    async def prepare(self, ctx: StepContext) -> object | None:
+        """Do ahead of the step's turn what changes nothing anyone reads; return it for :meth:`ensure`.
+
+        The executor runs it beside the steps before this one (see
+        :mod:`._head_start`) when the kind sets ``prepares``; the step's
+        ``ensure`` takes the result with ``ctx.head_starts.take(self)`` and
+        must hold without it (None: not prepared, or failed).
+
+        Raises: CommitfleetError (the preparation is then dropped). Cancelled: with the run.
+        """
+        return None
 
     async def ensure(self, ctx: StepContext) -> bool:
         """Make sure the effect is in place: verify, and execute only if it is not.

@@ -6,6 +6,7 @@ Every check reads the table back with pyiceberg into Arrow and counts the snapsh
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +18,7 @@ from hypothesis import settings as hyp_settings
 from hypothesis import strategies as st
 
 from shared import Fenced
+from shared._aio import TaskGroup
 from shared.commit import CommitProbe, abort_dataset, audit, commit_dataset, list_unfinished, recover_dataset
 from shared.events import TableBinding, published_key, staged_key
 from shared.settings import StoreSettings
@@ -111,7 +113,13 @@ async def test_crash_at_every_storage_and_catalog_operation_then_another_owner_r
             dataset = f"ds{k}"
             # Every third job sends its files' statistics (the table step then reads no footer).
             job = await stage_parquet_job(store, dataset, "job-1", stats=k % 3 == 1)
-            binding = TableBinding(table="lake.shared" if k % 2 else f"lake.t{k}", mode="create")
+            # The shared table, once created, takes appends (the lean path, prepared ahead: _iceberg_append).
+            shared_mode = "create" if k == 1 else "append"
+            binding = (
+                TableBinding(table="lake.shared", mode=shared_mode)
+                if k % 2
+                else TableBinding(table=f"lake.t{k}", mode="create")
+            )
             step = job.step(binding)
             if point == "catalog":
                 probe, calls = _catalog_crash(when)
@@ -315,6 +323,7 @@ _HOLDERS = {
     "order": _ORDERS,
     "mode": st.sampled_from(["append", "create", "overwrite"]),
     "table_first": st.booleans(),
+    "ahead": st.booleans(),
 }
 _FIXTURE_OK = [HealthCheck.function_scoped_fixture]
 
@@ -322,24 +331,41 @@ _FIXTURE_OK = [HealthCheck.function_scoped_fixture]
 @hyp_settings(max_examples=8, deadline=None, suppress_health_check=_FIXTURE_OK)
 @given(**_HOLDERS)
 async def test_two_holders_interleaved_land_one_snapshot_never_two(
-    tmp_path_factory: pytest.TempPathFactory, order: list[str], mode: str, table_first: bool
+    tmp_path_factory: pytest.TempPathFactory, order: list[str], mode: str, table_first: bool, ahead: bool
 ) -> None:
-    await _two_holders(tmp_path_factory, order, mode, table_first)
+    await _two_holders(tmp_path_factory, order, mode, table_first, ahead)
 
 
 @pytest.mark.stress
 @hyp_settings(max_examples=60, deadline=None, suppress_health_check=_FIXTURE_OK)
 @given(**_HOLDERS)
 async def test_two_holders_interleaved_many_examples(
-    tmp_path_factory: pytest.TempPathFactory, order: list[str], mode: str, table_first: bool
+    tmp_path_factory: pytest.TempPathFactory, order: list[str], mode: str, table_first: bool, ahead: bool
 ) -> None:
-    await _two_holders(tmp_path_factory, order, mode, table_first)
+    await _two_holders(tmp_path_factory, order, mode, table_first, ahead)
+
+
+async def _ensure(step: Any, ctx: Any, ahead: bool) -> bool:
+    """Run ``step.ensure``; with ``ahead``, after its preparation ran as a run's head start does."""
+    from shared.commit import HeadStarts
+
+    if not ahead:
+        return bool(await step.ensure(ctx))
+    starts = HeadStarts()
+    ctx = dataclasses.replace(ctx, head_starts=starts)
+    async with TaskGroup() as group:
+        starts.start(group, [step], ctx)
+        return bool(await step.ensure(ctx))
 
 
 async def _two_holders(
-    tmp_path_factory: pytest.TempPathFactory, order: list[str], mode: str, table_first: bool
+    tmp_path_factory: pytest.TempPathFactory, order: list[str], mode: str, table_first: bool, ahead: bool
 ) -> None:
-    """Holder a and b run the same table step; ``order`` interleaves their reads and commits."""
+    """Holder a and b run the same table step; ``order`` interleaves their reads and commits.
+
+    ``ahead``: each holder's step was prepared first (read, staged and its files written) as a run's
+    head start does, so its "read" ends parked just before moving the catalog's pointer.
+    """
     from shared.commit import StepContext
 
     tmp = tmp_path_factory.mktemp("two")
@@ -368,7 +394,7 @@ async def _two_holders(
             lease = leases[who]
             if what == "read":
                 ctx = StepContext(store=store, lease=lease, settings=settings)
-                tasks[who] = asyncio.create_task(step.ensure(ctx))
+                tasks[who] = asyncio.create_task(_ensure(step, ctx, ahead))
                 await _until(lambda t=tasks[who], lease=lease: lease.parked.is_set() or t.done())  # type: ignore[misc]
             else:
                 lease.go.set()

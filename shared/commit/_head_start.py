@@ -1,0 +1,73 @@
+"""Head starts: a step's preparation run ahead of its turn, while the steps before it run.
+
+A step may do part of its work before its turn when that part changes
+nothing anyone reads (:meth:`CommitStep.prepare`: the Iceberg step stages
+its snapshot and writes files no table points at yet). The executor starts
+every such preparation when a run begins, beside the publish phase, and the
+step takes its result when its turn comes (:meth:`HeadStarts.take`). A
+preparation that fails or is not ready is only time lost: the step then does
+the whole of its work in turn, and meets the same failure there itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from typing import Any, ClassVar, Protocol
+
+from .._aio import TaskGroup
+from .._errors import CommitfleetError
+
+
+class Preparing(Protocol):
+    """What a head start needs of a step (:class:`~._steps.CommitStep`, which imports this module)."""
+
+    prepares: ClassVar[bool]
+
+    async def prepare(self, ctx: Any) -> object | None: ...
+
+
+class HeadStarts:
+    """The preparations of one run's steps, by step (owned by the run's task group)."""
+
+    def __init__(self) -> None:
+        self._tasks: dict[int, asyncio.Task[object | None]] = {}
+
+    def start(self, group: TaskGroup, steps: Iterable[Preparing], ctx: Any) -> None:
+        """Start the preparation of each of ``steps`` that ``prepares``, in ``group``, with the run's ``ctx``.
+
+        Returns at once.
+        """
+        for step in steps:
+            if step.prepares:
+                self._tasks[id(step)] = group.create_task(_prepared(step, ctx))
+
+    async def take(self, step: object) -> object | None:
+        """Return ``step``'s preparation (waiting for it to end), once; None when it has none or failed.
+
+        Cancelled: the preparation is cancelled with the caller's task group, not by this call.
+        """
+        task = self._tasks.pop(id(step), None)
+        if task is None:
+            return None
+        return await task
+
+    def drop(self) -> None:
+        """Cancel the preparations not taken (their steps did not run). Returns at once."""
+        for task in self._tasks.values():
+            task.cancel()
+        self._tasks.clear()
+
+
+NO_HEAD_STARTS = HeadStarts()
+"""A context's head starts outside a run: none started, so every :meth:`HeadStarts.take` gives None."""
+
+
+async def _prepared(step: Preparing, ctx: Any) -> object | None:
+    try:
+        return await step.prepare(ctx)
+    except CommitfleetError:
+        return None  # the step meets the same cause in turn and handles it as its own
+
+
+__all__ = ["NO_HEAD_STARTS", "HeadStarts", "Preparing"]
