@@ -23,6 +23,8 @@ Blocking; runs in the table step's thread (see :mod:`._catalog`).
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -81,7 +83,7 @@ def data_files(
 
     built: dict[str, DataFile] = {}
     if described:
-        table = _TableView(metadata)
+        table = _table_view(metadata)
         for uri in uris:
             known = described.get(uri)
             if known is not None:
@@ -105,7 +107,38 @@ def data_file_from_stats(metadata: TableMetadata, uri: str, size: int, stats: Fi
         ValueError: the file's columns do not fit the table's schema (as
             ``parquet_file_to_data_file`` raises it).
     """
-    return _TableView(metadata).data_file(uri, size, stats)
+    return _table_view(metadata).data_file(uri, size, stats)
+
+
+_VIEWS_KEPT = 64
+_views: OrderedDict[tuple[Any, ...], _TableView] = OrderedDict()
+_views_lock = threading.Lock()
+
+
+def _table_view(metadata: TableMetadata) -> _TableView:
+    """Return the view of ``metadata``'s table, kept by what it is worked out from (the last 64 tables).
+
+    A table's commits share it while its schema, default spec and properties
+    stay (the schema check of a job's file schema is then made once, not on
+    every commit). Thread-safe.
+    """
+    key = (
+        metadata.table_uuid,
+        metadata.current_schema_id,
+        metadata.default_spec_id,
+        tuple(sorted(metadata.properties.items())),
+    )
+    with _views_lock:
+        found = _views.get(key)
+        if found is not None:
+            _views.move_to_end(key)
+            return found
+    view = _TableView(metadata)
+    with _views_lock:
+        _views[key] = view
+        while len(_views) > _VIEWS_KEPT:
+            _views.popitem(last=False)
+    return view
 
 
 class _TableView:
@@ -113,17 +146,20 @@ class _TableView:
 
     The schema, its statistics plan (the metrics mode of each column), and the
     file schemas already checked against the table's (a job's files share
-    theirs): pyiceberg works each out again for every file it reads.
+    theirs): pyiceberg works each out again for every file it reads. Kept
+    across commits by :func:`_table_view`; thread-safe.
     """
 
     def __init__(self, metadata: TableMetadata) -> None:
         from pyiceberg.io.pyarrow import compute_statistics_plan
 
-        self.metadata = metadata
+        self.spec_id = metadata.default_spec_id
         self.schema = metadata.schema()
         self.plan = compute_statistics_plan(self.schema, metadata.properties)
         self.spec = metadata.spec()
-        self._checked: dict[tuple[tuple[str, str, bool], ...], list[Any]] = {}
+        # File schemas checked against the table's (a bounded few: a table's jobs share theirs).
+        self._checked: OrderedDict[tuple[tuple[str, str, bool], ...], list[Any]] = OrderedDict()
+        self._lock = threading.Lock()
 
     def fields(self, stats: FileStats) -> list[Any]:
         """Return the file's columns as fields of the table's ids. Raises ValueError as pyiceberg does."""
@@ -131,7 +167,8 @@ class _TableView:
         from pyiceberg.types import NestedField
 
         key = tuple((name, col.type, col.required) for name, col in stats.columns.items())
-        found = self._checked.get(key)
+        with self._lock:
+            found = self._checked.get(key)
         if found is not None:
             return found
         fields = []
@@ -149,7 +186,10 @@ class _TableView:
                 "Update the schema first (hint, use union_by_name)."
             )
         _check_schema_compatible(self.schema, Schema(*fields))
-        self._checked[key] = fields
+        with self._lock:
+            self._checked[key] = fields
+            while len(self._checked) > _VIEWS_KEPT:
+                self._checked.popitem(last=False)
         return fields
 
     def data_file(self, uri: str, size: int, stats: FileStats) -> DataFile | None:
@@ -198,7 +238,7 @@ class _TableView:
             partition=statistics.partition(self.spec, self.schema),
             file_size_in_bytes=size,
             sort_order_id=None,
-            spec_id=self.metadata.default_spec_id,
+            spec_id=self.spec_id,
             equality_ids=None,
             key_metadata=None,
             **statistics.to_serialized_dict(),
