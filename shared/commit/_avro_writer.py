@@ -436,12 +436,16 @@ def _compiled(schema_json: str) -> Encoder:
 
 
 def compile_encoder(schema: str | Mapping[str, Any] | Sequence[Any]) -> Encoder:
-    """Return the encoder of an Avro schema, given as JSON text or parsed; compiled once per schema.
+    """Return the encoder of an Avro schema (JSON text, parsed, or a primitive's name), compiled once.
 
     Raises:
         ValueError: the schema is not valid JSON or holds a type this module cannot encode.
     """
-    text = schema if isinstance(schema, str) else json.dumps(schema, sort_keys=True)
+    if isinstance(schema, str):
+        # A primitive type's bare name ("long") is a schema too, though not JSON text.
+        text = json.dumps(schema) if schema in _PRIMITIVES else schema
+    else:
+        text = json.dumps(schema, sort_keys=True)
     try:
         return _compiled(text)
     except (KeyError, TypeError, json.JSONDecodeError) as exc:
