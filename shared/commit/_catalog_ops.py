@@ -381,7 +381,7 @@ def prepare_append(
         io = _deferring(tbl, batch)
         files = data_files(io, tbl.metadata, paths, described or {})
         staged = iceberg_append.stage_append(tbl, io, files, props)
-        commit = cat.stage_commit(tbl, staged.requirements, staged.updates)
+        commit = cat.stage_commit(tbl, staged.requirements, staged.updates, batch)
         batch.wait()
     except ValueError:
         return None  # a file the table cannot take: the commit in turn says so

@@ -2,16 +2,18 @@
 
 pyiceberg's ``add_files`` goes through a ``Transaction`` and its fast-append
 snapshot producer: the staged metadata worked out again and again, a thread
-pool for the one manifest, the previous snapshot's manifests decoded and
-encoded again into the new manifest list. For the append the table step
+pool for the one manifest, its pure-Python Avro encoder, and the previous
+snapshot's manifests decoded and encoded again into the new manifest list. For the append the table step
 makes on most commits (an existing format-version 2 table, fast append,
 its name mapping already set), :func:`stage_append` builds the same
 snapshot directly:
 
 - one manifest of the job's data files (status ADDED, sequence numbers
-  inherited), named and located as pyiceberg names it;
+  inherited), named and located as pyiceberg names it, written by
+  :mod:`._iceberg_manifests` (the same records as pyiceberg's);
 - a manifest list of that manifest first, then the parent snapshot's
-  manifests that still hold live files (what a fast append keeps);
+  manifests that still hold live files (what a fast append keeps), their
+  records copied as they were encoded;
 - the snapshot (pyiceberg's summary collector and totals, the job's
   properties) and the updates and requirements of pyiceberg's fast append:
   add the snapshot, move ``main`` to it, asserting ``main`` is still the
@@ -85,7 +87,6 @@ def stage_append(
         ValueError: duplicate paths, or a table :func:`applies` refuses.
         OSError and the store SDKs' errors: reading the parent's manifest list, writing.
     """
-    from pyiceberg.manifest import ManifestEntry, ManifestEntryStatus, write_manifest, write_manifest_list
     from pyiceberg.table import TableProperties
     from pyiceberg.table.refs import SnapshotRefType
     from pyiceberg.table.snapshots import (
@@ -101,6 +102,8 @@ def stage_append(
         AssertTableUUID,
         SetSnapshotRefUpdate,
     )
+
+    from ._iceberg_manifests import write_manifest, write_manifest_list
 
     md = tbl.metadata
     if not applies(md):
@@ -120,41 +123,32 @@ def stage_append(
     commit_uuid = uuid.uuid4()
     locations = tbl.location_provider()
 
-    manifests = []
+    new_manifests = []
     if files:
         out = io.new_output(locations.new_metadata_location(f"{commit_uuid}-m0.avro"))
-        with write_manifest(
-            format_version=2,
-            spec=spec,
-            schema=schema,
-            output_file=out,
-            snapshot_id=snapshot_id,
-            avro_compression=compression,
-        ) as writer:
-            for df in files:
-                writer.add(
-                    ManifestEntry.from_args(
-                        status=ManifestEntryStatus.ADDED,
-                        snapshot_id=snapshot_id,
-                        sequence_number=None,
-                        file_sequence_number=None,
-                        data_file=df,
-                    )
-                )
-        manifests.append(writer.to_manifest_file())
-    if parent is not None:
-        manifests += [m for m in parent.manifests(io) if m.has_added_files() or m.has_existing_files()]
-
+        new_manifests.append(
+            write_manifest(
+                out,
+                format_version=2,
+                spec=spec,
+                schema=schema,
+                snapshot_id=snapshot_id,
+                data_files=files,
+                compression=compression,
+            )
+        )
     list_path = locations.new_metadata_location(f"snap-{snapshot_id}-0-{commit_uuid}.avro")
-    with write_manifest_list(
+    write_manifest_list(
+        io.new_output(list_path),
         format_version=2,
-        output_file=io.new_output(list_path),
         snapshot_id=snapshot_id,
         parent_snapshot_id=parent_id,
         sequence_number=sequence_number,
-        avro_compression=compression,
-    ) as list_writer:
-        list_writer.add_manifests(manifests)
+        new_manifests=new_manifests,
+        previous=parent.manifest_list if parent is not None else None,
+        io=io,
+        compression=compression,
+    )
 
     limit = int(
         md.properties.get(

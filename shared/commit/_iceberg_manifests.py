@@ -38,6 +38,8 @@ from __future__ import annotations
 
 import io
 import json
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from operator import attrgetter
@@ -313,6 +315,51 @@ class _BytesInput(InputFile):
         return io.BytesIO(self._data)
 
 
+MAX_LISTED_BYTES: Final = 32 * 1024 * 1024
+"""Records of the manifest lists this process wrote, kept for the next append (uncompressed bytes, in all)."""
+MAX_LISTED_LIST_BYTES: Final = 8 * 1024 * 1024
+
+
+class _Listed:
+    """The records of the manifest lists this process wrote, by location; least recently used first out.
+
+    Every record of a list written here is one the next fast append keeps
+    (a manifest with added or existing files: :func:`_kept`; a manifest's
+    counts never change), so the next list of the same table is the new
+    manifests' records followed by these bytes as they are: no read, no walk
+    of the previous list. A manifest list is never changed once written (the
+    Iceberg spec), so its records by location stay right. Thread-safe.
+    """
+
+    def __init__(self) -> None:
+        self._by_location: OrderedDict[str, tuple[str, bytes, int]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, location: str, schema_json: str) -> tuple[bytes, int] | None:
+        """Return the records of the list at ``location`` and their count, if written in ``schema_json``."""
+        with self._lock:
+            found = self._by_location.get(location)
+            if found is None or found[0] != schema_json:
+                return None
+            self._by_location.move_to_end(location)
+            return found[1], found[2]
+
+    def put(self, location: str, schema_json: str, records: bytes, count: int) -> None:
+        if len(records) > MAX_LISTED_LIST_BYTES:
+            return
+        with self._lock:
+            old = self._by_location.pop(location, None)
+            self._bytes += len(records) - (len(old[1]) if old is not None else 0)
+            self._by_location[location] = (schema_json, records, count)
+            while self._bytes > MAX_LISTED_BYTES:
+                _, (_, dropped, _) = self._by_location.popitem(last=False)
+                self._bytes -= len(dropped)
+
+
+_LISTED = _Listed()
+
+
 def _read_previous(previous: str | bytes, io_: FileIO) -> tuple[str, bytes]:
     if isinstance(previous, bytes):
         return "<previous manifest list>", previous
@@ -396,7 +443,6 @@ def write_manifest_list(
     schema_json = _list_schema_json(format_version)
     prepare = _Prepare(format_version, snapshot_id, sequence_number)
     new_rows = [prepare(m) for m in new_manifests]
-    previous_data = _read_previous(previous, io) if previous is not None else None
 
     # The file is built in memory and written at the end: a failure leaves nothing behind, and a previous
     # list that cannot be copied as it is starts the file again on the decode path.
@@ -405,14 +451,19 @@ def write_manifest_list(
         writer = AvroContainerWriter(
             chunks.append, schema_json, codec_name=avro_codec(compression), metadata=meta
         )
+        writer.tap = bytearray()
         for row in new_rows:
             writer.append(row)
         return chunks, writer
 
     chunks, writer = start()
-    copied = False
-    if previous_data is not None:
-        location, data = previous_data
+    # A list this process wrote: its records, all kept again by an append (see _Listed), as encoded.
+    listed = _LISTED.get(previous, schema_json) if isinstance(previous, str) else None
+    copied = listed is not None
+    if listed is not None:
+        writer.append_encoded(*listed)
+    elif previous is not None:
+        location, data = _read_previous(previous, io)
         copied = _copy_previous(writer, data, schema_json, format_version == 2, snapshot_id)
         if not copied:
             chunks, writer = start()
@@ -421,4 +472,8 @@ def write_manifest_list(
                     writer.append(prepare(m))
     length = writer.close()
     _write_out(output_file, chunks)
+    if writer.tap is not None and all(
+        _kept(None, m.added_files_count, m.existing_files_count, 0) for m in new_manifests
+    ):
+        _LISTED.put(output_file.location, schema_json, bytes(writer.tap), writer.records)
     return ManifestListWritten(length=length, manifests=writer.records, copied=copied)

@@ -48,7 +48,7 @@ from pyiceberg.table.update import update_table_metadata
 from pyiceberg.typedef import Identifier
 from sqlalchemy import bindparam, select, update
 
-from ._table_io import WriteBatch, kept_size
+from ._table_io import TableFileIO, WriteBatch, kept_size
 
 MAX_PARSED_BYTES: Final = 32 * 1024 * 1024
 """Parsed metadata kept, in bytes of the metadata files it was parsed from (in memory: a few times that)."""
@@ -192,12 +192,16 @@ class SqlTableCatalog(SqlCatalog):
         """True when :meth:`stage_commit` and :meth:`finish_commit` serve (the database counts rows).."""
         return bool(self.engine.dialect.supports_sane_rowcount)
 
-    def stage_commit(self, table: Table, requirements: Any, updates: Any) -> StagedCommit:
+    def stage_commit(
+        self, table: Table, requirements: Any, updates: Any, uploads: WriteBatch | None = None
+    ) -> StagedCommit:
         """Write the metadata file of ``updates`` applied to ``table`` as read; return it, not yet current.
 
         pyiceberg's ``commit_table`` up to its UPDATE: the requirements checked
         on ``table``, the updates applied once, the new metadata file written
-        under the next version. Nothing points at it until :meth:`finish_commit`.
+        under the next version (into ``uploads``, in the background, when the
+        file IO is the step's: the caller waits for them before
+        :meth:`finish_commit`). Nothing points at it until :meth:`finish_commit`.
 
         Raises:
             CommitFailedException: a requirement fails on ``table``.
@@ -212,6 +216,8 @@ class SqlTableCatalog(SqlCatalog):
         location = load_location_provider(metadata.location, metadata.properties)
         new_location = location.new_table_metadata_file_location(version)
         io = self._load_file_io(properties=metadata.properties, location=new_location)
+        if uploads is not None and isinstance(io, TableFileIO):
+            io = io.deferring(uploads, metadata_too=True)
         SqlCatalog._write_metadata(metadata, io, new_location)
         return StagedCommit(new_location, metadata)
 
@@ -250,7 +256,7 @@ class SqlTableCatalog(SqlCatalog):
             with self.based_on(table, uploads):
                 self.commit_table(table, requirements, updates)
             return
-        staged = self.stage_commit(table, requirements, updates)
+        staged = self.stage_commit(table, requirements, updates, uploads)
         uploads.wait()
         self.finish_commit(table, staged)
 

@@ -245,14 +245,18 @@ class TableFileIO(FileIO):
         self._inner: dict[str, FileIO] = {}
         self._lock = threading.Lock()
         self._batch: WriteBatch | None = None
+        self._metadata_too = False
 
-    def deferring(self, batch: WriteBatch) -> TableFileIO:
+    def deferring(self, batch: WriteBatch, *, metadata_too: bool = False) -> TableFileIO:
         """Return this file IO writing its manifests and manifest lists in the background into ``batch``.
 
-        New metadata files (``*.metadata.json``) are still written through at once.
+        New metadata files (``*.metadata.json``) are still written through at
+        once, unless ``metadata_too``: for a caller that waits for ``batch``
+        before any catalog points at the file (the lean commit, :mod:`._sql_catalog`).
         """
         other = TableFileIO(self.properties)
         other._inner, other._lock, other._batch = self._inner, self._lock, batch
+        other._metadata_too = metadata_too
         return other
 
     def _io(self, location: str) -> FileIO:
@@ -277,7 +281,8 @@ class TableFileIO(FileIO):
         inner = self._io(location).new_output(location)
         if not _is_metadata(location):
             return inner
-        return _KeptOutput(inner, self._batch if location.endswith(".avro") else None)
+        deferred = self._metadata_too or location.endswith(".avro")
+        return _KeptOutput(inner, self._batch if deferred else None)
 
     def delete(self, location: str | InputFile | OutputFile) -> None:
         """Delete the file at ``location``, from memory too."""
