@@ -38,6 +38,7 @@ configured, else pyiceberg's choice for the location's scheme).
 from __future__ import annotations
 
 import io
+import os
 import re
 import threading
 from collections import OrderedDict
@@ -45,6 +46,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_all
 from typing import Any, Final
+from urllib.parse import unquote, urlsplit
 
 from pyiceberg.io import FileIO, InputFile, InputStream, OutputFile, OutputStream, load_file_io
 from pyiceberg.typedef import EMPTY_DICT, Properties
@@ -142,6 +144,57 @@ class WriteBatch:
         wait_all(pending)
 
 
+def local_path(location: str) -> str | None:
+    """Return the local file path of ``location`` (``file://`` or no scheme), or None for another store."""
+    scheme, _, rest = location.partition("://")
+    if not rest:
+        return location  # a bare path: pyiceberg writes it to the local filesystem
+    if scheme != "file":
+        return None
+    return unquote(urlsplit(location).path)
+
+
+def make_durable(path: str) -> None:
+    """fsync the file at ``path`` and the folder that names it, so both survive a power cut.
+
+    pyiceberg's local file IO writes without fsync, and the SQL catalog's
+    commit is durable: after a power cut the catalog could point at a
+    metadata file that was never on disk (the fleet's own store fsyncs every
+    object it writes, :mod:`shared.storage`). The folders above it were made
+    by the file IO without fsync too: the first time a process writes into a
+    folder, every folder above it is fsynced as well (``_DURABLE_FOLDERS``).
+
+    Raises: OSError (the write's failure: the commit fails and is retried).
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    folder = os.path.dirname(path)
+    _fsync_folder(folder)
+    if folder not in _DURABLE_FOLDERS:
+        # The names of the folders above, once per process and folder (the file IO made them with the
+        # table, without fsync): each is in the folder above it.
+        above = os.path.dirname(folder)
+        while above and above != os.path.dirname(above):
+            _fsync_folder(above)
+            above = os.path.dirname(above)
+        _DURABLE_FOLDERS.add(folder)
+
+
+_DURABLE_FOLDERS: set[str] = set()
+"""Metadata folders whose own names this process has made durable (one per table: bounded by tables)."""
+
+
+def _fsync_folder(folder: str) -> None:
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _is_metadata(location: str) -> bool:
     return location.endswith(_METADATA_SUFFIXES)
 
@@ -185,6 +238,9 @@ class _KeepOnClose(io.BytesIO):
     def _upload(self, data: bytes) -> None:
         with self._target.create(overwrite=self._overwrite) as stream:
             stream.write(data)
+        path = local_path(self._target.location)
+        if path is not None:
+            make_durable(path)
 
     def close(self) -> None:
         if self.closed:
@@ -291,4 +347,13 @@ class TableFileIO(FileIO):
         self._io(where).delete(location)
 
 
-__all__ = ["MAX_CACHE_BYTES", "MAX_FILE_BYTES", "UPLOAD_THREADS", "TableFileIO", "WriteBatch", "kept_size"]
+__all__ = [
+    "MAX_CACHE_BYTES",
+    "MAX_FILE_BYTES",
+    "UPLOAD_THREADS",
+    "TableFileIO",
+    "WriteBatch",
+    "kept_size",
+    "local_path",
+    "make_durable",
+]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from shared.commit import (
     load_table,
     open_catalog,
 )
+from shared.commit._table_io import local_path
 from shared.events import TableBinding, published_key, staged_key
 from shared.settings import Settings, StoreSettings
 from shared.storage import ObjectStore
@@ -169,3 +171,39 @@ async def test_another_writers_commit_in_between_is_read_and_the_kept_metadata_i
     assert now is not None
     parsed = FromInputFile.table_metadata(PyArrowFileIO().new_input(now.metadata_location))
     assert now.metadata.model_dump() == parsed.model_dump()
+
+
+async def test_every_file_a_local_table_points_at_is_fsynced_with_its_folders(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pyiceberg's local file IO writes without fsync; the catalog's commit is durable (power cuts)."""
+    synced: set[str] = set()
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.add(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    target, settings = _settings(tmp_path)
+    async with target.open() as store:
+        for i, mode in enumerate(["create", "append", "append"]):
+            job = await stage_parquet_job(store, "orders", f"job-{i}", stats=i == 2)
+            step = job.step(TableBinding(table=TABLE, mode=mode))  # type: ignore[arg-type]
+            res = await commit_dataset(
+                store, job.req, ManualLease("orders", i + 1), settings, extra_steps=[step]
+            )
+            assert res.ok, res
+        tbl = load_table(open_catalog(settings, store.url), TABLE)
+        assert tbl is not None
+    local = [tbl.metadata_location] + [u for m in tbl.metadata.metadata_log for u in [m.metadata_file]]
+    for snap in tbl.metadata.snapshots:
+        local.append(snap.manifest_list)
+        local += [m.manifest_path for m in snap.manifests(tbl.io)]
+    paths = {local_path(u) for u in local}
+    assert None not in paths and len(paths) >= 9
+    missing = {p for p in paths if p not in synced}
+    assert not missing, missing
+    folder = os.path.dirname(next(iter(p for p in paths if p)))
+    for above in (folder, os.path.dirname(folder), os.path.dirname(os.path.dirname(folder))):
+        assert above in synced, above
