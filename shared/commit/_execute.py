@@ -13,7 +13,8 @@ Each step runs as ``is_done`` -> ``execute`` (or its cheaper ``ensure``) under
 the commit retry policy; transient errors and unknown outcomes are retried
 (the next try starts by re-checking: an unknown outcome is re-read, never
 assumed). Steps that can prepare part of their work ahead of their turn
-(:mod:`._head_start`) start it when the run begins, beside the publish phase.
+(:mod:`._head_start`) start it when the run begins, beside the publish phase
+(on stores where that pays).
 When a step's budget is spent, or it raises
 :class:`CommitStepFailed`, no further step starts: the run ends with the
 failure recorded, and the caller quarantines the sequence.
@@ -31,7 +32,7 @@ from .._retry import RetryPolicy
 from ..storage import ObjectInfo
 from ..tracing import Attributes
 from ._bounded import with_retry
-from ._head_start import HeadStarts
+from ._head_start import HeadStarts, worth_starting
 from ._progress import Progress, step_failure
 from ._publish_phase import run_publish
 from ._steps import PHASES, CommitStep, StepContext
@@ -100,7 +101,8 @@ async def run_steps(
     starts = HeadStarts()
     ctx = replace(ctx, head_starts=starts)
     async with TaskGroup() as group:
-        starts.start(group, steps, ctx)
+        if worth_starting(ctx.store.url, ctx.settings.store.model_latency_ms):
+            starts.start(group, steps, ctx)
         try:
             return await _run_phases(steps, ctx, policy, dataset=dataset, job=job, listed=listed, fence=fence)
         finally:

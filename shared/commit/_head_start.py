@@ -4,7 +4,8 @@ A step may do part of its work before its turn when that part changes
 nothing anyone reads (:meth:`CommitStep.prepare`: the Iceberg step stages
 its snapshot and writes files no table points at yet). The executor starts
 every such preparation when a run begins, beside the publish phase, and the
-step takes its result when its turn comes (:meth:`HeadStarts.take`). A
+step takes its result when its turn comes (:meth:`HeadStarts.take`), on
+stores where that pays (:func:`worth_starting`). A
 preparation that fails or is not ready is only time lost: the step then does
 the whole of its work in turn, and meets the same failure there itself.
 """
@@ -25,6 +26,18 @@ class Preparing(Protocol):
     prepares: ClassVar[bool]
 
     async def prepare(self, ctx: Any) -> object | None: ...
+
+
+def worth_starting(store_url: str, model_latency_ms: float) -> bool:
+    """Return True when head starts pay on the store at ``store_url``: not local files, or modelled latency.
+
+    A preparation pays where it waits on the store (its uploads overlap the
+    publish phase's requests). On local files it is CPU, which competes with
+    the publish phase for the interpreter's lock: measured there, a bound
+    append took 1.63-1.72x the unbound commit with head starts and 1.52-1.63x
+    without (docs/tables.md, "Cost").
+    """
+    return not store_url.startswith("file:") or model_latency_ms > 0
 
 
 class HeadStarts:
@@ -70,4 +83,4 @@ async def _prepared(step: Preparing, ctx: Any) -> object | None:
         return None  # the step meets the same cause in turn and handles it as its own
 
 
-__all__ = ["NO_HEAD_STARTS", "HeadStarts", "Preparing"]
+__all__ = ["NO_HEAD_STARTS", "HeadStarts", "Preparing", "worth_starting"]
