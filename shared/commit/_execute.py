@@ -26,7 +26,6 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 
-from .._aio import TaskGroup
 from .._errors import CommitfleetError, LockLost
 from .._retry import RetryPolicy
 from ..storage import ObjectInfo
@@ -100,13 +99,17 @@ async def run_steps(
     """
     starts = HeadStarts()
     ctx = replace(ctx, head_starts=starts)
-    async with TaskGroup() as group:
+    try:
         if worth_starting(ctx.store.url, ctx.settings.store.model_latency_ms):
-            starts.start(group, steps, ctx)
-        try:
-            return await _run_phases(steps, ctx, policy, dataset=dataset, job=job, listed=listed, fence=fence)
-        finally:
-            starts.drop()
+            starts.start(steps, ctx)
+        progress = await _run_phases(steps, ctx, policy, dataset=dataset, job=job, listed=listed, fence=fence)
+    except BaseException:
+        await starts.close()  # cancelled or failing too: the preparations never outlive the run
+        raise
+    bug = await starts.close()
+    if bug is not None:
+        raise bug
+    return progress
 
 
 async def _run_phases(

@@ -16,7 +16,7 @@ import asyncio
 from collections.abc import Iterable
 from typing import Any, ClassVar, Protocol
 
-from .._aio import TaskGroup
+from .._aio import cancel_until_done
 from .._errors import CommitfleetError
 
 
@@ -41,35 +41,48 @@ def worth_starting(store_url: str, model_latency_ms: float) -> bool:
 
 
 class HeadStarts:
-    """The preparations of one run's steps, by step (owned by the run's task group)."""
+    """The preparations of one run's steps, by step: their tasks' owner, which :meth:`close` ends."""
 
     def __init__(self) -> None:
         self._tasks: dict[int, asyncio.Task[object | None]] = {}
 
-    def start(self, group: TaskGroup, steps: Iterable[Preparing], ctx: Any) -> None:
-        """Start the preparation of each of ``steps`` that ``prepares``, in ``group``, with the run's ``ctx``.
+    def start(self, steps: Iterable[Preparing], ctx: Any) -> None:
+        """Start the preparation of each of ``steps`` that ``prepares``, with the run's ``ctx``.
 
-        Returns at once.
+        Returns at once. The caller must :meth:`close` this object when the run ends.
         """
         for step in steps:
             if step.prepares:
-                self._tasks[id(step)] = group.create_task(_prepared(step, ctx))
+                self._tasks[id(step)] = asyncio.create_task(_prepared(step, ctx))
 
     async def take(self, step: object) -> object | None:
         """Return ``step``'s preparation (waiting for it to end), once; None when it has none or failed.
 
-        Cancelled: the preparation is cancelled with the caller's task group, not by this call.
+        Raises: what the preparation raised when that is not a CommitfleetError (a bug).
+        Cancelled: the preparation goes on; :meth:`close` ends it.
         """
-        task = self._tasks.pop(id(step), None)
+        task = self._tasks.get(id(step))
         if task is None:
             return None
-        return await task
+        result = await asyncio.shield(task)
+        del self._tasks[id(step)]
+        return result
 
-    def drop(self) -> None:
-        """Cancel the preparations not taken (their steps did not run). Returns at once."""
-        for task in self._tasks.values():
-            task.cancel()
+    async def close(self) -> BaseException | None:
+        """Cancel the preparations not taken (their steps did not run) and wait until they ended.
+
+        Returns what one of them raised that is not a CommitfleetError (a bug),
+        for the caller to raise when nothing else is propagating; else None.
+        Safe to call twice. Cancelled itself: stops waiting (they were asked to stop).
+        """
+        tasks = list(self._tasks.values())
         self._tasks.clear()
+        for task in tasks:
+            await cancel_until_done(task)
+        for task in tasks:
+            if task.done() and not task.cancelled() and (exc := task.exception()) is not None:
+                return exc
+        return None
 
 
 NO_HEAD_STARTS = HeadStarts()

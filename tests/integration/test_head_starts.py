@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import ClassVar
 
 import msgspec
+import pytest
 
-from shared import TransientError
+from shared import LockLost, TransientError
 from shared._retry import RetryPolicy
 from shared.commit import CommitStep, HeadStarts, StepContext
 from shared.commit._execute import run_steps
@@ -110,8 +111,6 @@ async def test_no_head_start_on_plain_local_files(tmp_path: Path) -> None:
 
 
 async def test_a_preparation_not_taken_is_cancelled_with_the_run() -> None:
-    from shared._aio import TaskGroup
-
     GATES.clear()
     GATES["a"] = asyncio.Event()
     starts = HeadStarts()
@@ -126,8 +125,31 @@ async def test_a_preparation_not_taken_is_cancelled_with_the_run() -> None:
                 raise
             return None
 
-    async with TaskGroup() as group:
-        starts.start(group, [Parked(name="a")], ctx=None)
-        await asyncio.sleep(0)
-        starts.drop()
+    starts.start([Parked(name="a")], ctx=None)
+    await asyncio.sleep(0)
+    assert await starts.close() is None
     assert cancelled.is_set()
+    assert await starts.close() is None  # twice: nothing left
+
+
+async def test_a_run_that_fails_ends_its_preparations_and_raises_its_own_error(tmp_path: Path) -> None:
+    GATES.clear()
+    GATES["a"] = asyncio.Event()  # never released: the preparation is still running when the run fails
+    with pytest.raises(LockLost):
+        await _run(tmp_path, [Lost(), Prepared(name="a", block=True)])
+    assert "prepare a" in EVENTS and not any(e.startswith("ensure a") for e in EVENTS)
+    assert all(t.done() for t in asyncio.all_tasks() if t is not asyncio.current_task())
+
+
+class Lost(CommitStep, frozen=True, kw_only=True, tag="test-lost"):
+    """An apply step that finds its lease lost once the preparations began."""
+
+    async def is_done(self, ctx: StepContext) -> bool:
+        return False
+
+    async def ensure(self, ctx: StepContext) -> bool:
+        deadline = asyncio.get_running_loop().time() + 5
+        while "prepare a" not in EVENTS:
+            assert asyncio.get_running_loop().time() < deadline, "the preparation never began"
+            await asyncio.sleep(0.001)
+        raise LockLost("lease lost (test)")

@@ -18,7 +18,6 @@ from hypothesis import settings as hyp_settings
 from hypothesis import strategies as st
 
 from shared import Fenced
-from shared._aio import TaskGroup
 from shared.commit import CommitProbe, abort_dataset, audit, commit_dataset, list_unfinished, recover_dataset
 from shared.events import TableBinding, published_key, staged_key
 from shared.settings import StoreSettings
@@ -353,9 +352,11 @@ async def _ensure(step: Any, ctx: Any, ahead: bool) -> bool:
         return bool(await step.ensure(ctx))
     starts = HeadStarts()
     ctx = dataclasses.replace(ctx, head_starts=starts)
-    async with TaskGroup() as group:
-        starts.start(group, [step], ctx)
+    starts.start([step], ctx)
+    try:
         return bool(await step.ensure(ctx))
+    finally:
+        assert await starts.close() is None
 
 
 async def _two_holders(
