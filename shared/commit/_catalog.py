@@ -142,11 +142,11 @@ class CommitToTable(CommitStep, frozen=True, kw_only=True, tag="table"):
     async def prepare(self, ctx: StepContext) -> PreparedAppend | None:
         """Stage an append's snapshot and write its files, no pointer moved (:func:`prepare_append`).
 
-        Returns None where that does not serve (not an append, another
+        Returns None where that does not serve (an overwrite, another
         catalog, the table missing, the snapshot there). Raises: as :meth:`ensure`.
         Cancelled: waits for the catalog's thread as :meth:`ensure` does.
         """
-        if self.mode != "append":
+        if self.mode == "overwrite":
             return None
         settings, url = ctx.settings, ctx.store.url
 

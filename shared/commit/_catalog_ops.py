@@ -296,7 +296,8 @@ def commit_files(
             txn: Any = cat.create_table_transaction(ident, schema)
             _append(txn, io, paths, props, described or {})
         else:
-            if mode == "append" and iceberg_append.applies(tbl.metadata):
+            # ``create`` on a table that exists appends, as ``append`` does.
+            if mode != "overwrite" and iceberg_append.applies(tbl.metadata):
                 io = _deferring(tbl, batch)
                 files = data_files(io, tbl.metadata, paths, described or {})
                 staged = iceberg_append.stage_append(tbl, io, files, props)
@@ -355,7 +356,7 @@ def prepare_append(
     """Stage the job's append and write all its files, moving no pointer; None where it cannot serve.
 
     Everything of :func:`commit_files` but its last statement, for an append
-    the lean path takes (:func:`._iceberg_append.applies`, a SQL catalog that
+    (``append``, or ``create`` of a table that exists) the lean path takes (:func:`._iceberg_append.applies`, a SQL catalog that
     counts rows): the table read, the data files built, the manifest,
     manifest list and new metadata file written and uploaded. Nothing points
     at them until ``commit_files(..., prepared=...)``; if that never comes,
@@ -370,7 +371,7 @@ def prepare_append(
     from ._sql_catalog import SqlTableCatalog
     from ._table_io import WriteBatch
 
-    if mode != "append" or not isinstance(cat, SqlTableCatalog) or not cat.can_stage():
+    if mode == "overwrite" or not isinstance(cat, SqlTableCatalog) or not cat.can_stage():
         return None
     tbl = load_table(cat, table)
     if tbl is None or job_snapshot(tbl, dataset, job) is not None or not iceberg_append.applies(tbl.metadata):
