@@ -356,9 +356,10 @@ def prepare_append(
     """Stage the job's append and write all its files, moving no pointer; None where it cannot serve.
 
     Everything of :func:`commit_files` but its last statement, for an append
-    (``append``, or ``create`` of a table that exists) the lean path takes (:func:`._iceberg_append.applies`, a SQL catalog that
-    counts rows): the table read, the data files built, the manifest,
-    manifest list and new metadata file written and uploaded. Nothing points
+    (``append``, or ``create`` of a table that exists) the lean path takes
+    (:func:`._iceberg_append.applies`, a SQL catalog that counts rows): the
+    table read, the data files built, the manifest, manifest list and new
+    metadata file written and uploaded. Nothing points
     at them until ``commit_files(..., prepared=...)``; if that never comes,
     or the table moves first, they are files no snapshot refers to (as any
     refused optimistic commit leaves). None also when the table is missing,

@@ -243,6 +243,9 @@ class SqlTableCatalog(SqlCatalog):
             if conn.execute(self._statements().update, params).rowcount < 1:
                 raise CommitFailedException(f"Table has been updated by another process: {'.'.join(ident)}")
         _PARSED.put(staged.location, shared_metadata(staged.metadata))
+        # As pyiceberg's table does after its commit: with write.metadata.delete-after-commit.enabled, the
+        # metadata files that left the log go (its delete_files logs a file it could not delete).
+        self._delete_old_metadata(table.io, table.metadata, staged.metadata)
 
     def commit_staged(self, table: Table, requirements: Any, updates: Any, uploads: WriteBatch) -> None:
         """Commit ``updates`` to ``table`` as read, once ``uploads`` ended: pyiceberg's commit, leaner.

@@ -24,7 +24,7 @@ from shared.commit import open_catalog
 from shared.commit._iceberg_append import applies, stage_append
 from shared.commit._sql_catalog import SqlTableCatalog
 from shared.commit._table_files import data_files
-from shared.commit._table_io import WriteBatch
+from shared.commit._table_io import WriteBatch, local_path
 from shared.settings import StoreSettings
 from tests._support.emulators import StoreTarget
 from tests._support.tables import table_settings
@@ -222,3 +222,36 @@ def test_a_staged_commit_on_a_table_that_moved_is_refused_and_changes_nothing(tm
     after = cat.load_table(ident)
     assert after.metadata_location == moved.metadata_location
     assert sorted(after.scan().to_arrow().column("id").to_pylist()) == ["first-0", "other-0"]
+
+
+def test_old_metadata_files_are_deleted_after_commit_as_pyiceberg_deletes_them(tmp_path: Path) -> None:
+    target = StoreTarget("local", (tmp_path / "store").as_uri(), StoreSettings())
+    cat = open_catalog(table_settings(target, tmp_path), target.url)
+    assert isinstance(cat, SqlTableCatalog)
+    cat.create_namespace_if_not_exists(("lake",))
+    props = {
+        "write.metadata.delete-after-commit.enabled": "true",
+        "write.metadata.previous-versions-max": "2",
+    }
+    a, b = ("lake", "a"), ("lake", "b")
+    for ident in (a, b):
+        cat.create_table(ident, SCHEMA, properties=props)
+    data = tmp_path / "data"
+    data.mkdir()
+    for r in range(6):
+        paths = [_file(data, f"r{r}", "eu", [r])]
+        cat.load_table(a).add_files(paths)
+        if r == 0:
+            cat.load_table(b).add_files(paths)
+        else:
+            _lean_append(cat, b, paths, {})
+
+    def metadata_files(name: str) -> list[Path]:
+        return sorted((tmp_path / "store").rglob(f"{name}/metadata/*.metadata.json"))
+
+    ta, tb = cat.load_table(a), cat.load_table(b)
+    assert len(tb.metadata.metadata_log) == len(ta.metadata.metadata_log) == 2
+    kept = {Path(local_path(m.metadata_file) or "") for m in tb.metadata.metadata_log}
+    kept.add(Path(local_path(tb.metadata_location) or ""))
+    assert set(metadata_files("b")) == kept
+    assert len(metadata_files("a")) == len(metadata_files("b")) == 3
