@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping
-from typing import ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import msgspec
 
@@ -120,6 +120,18 @@ class CommitToTable(CommitStep, frozen=True, kw_only=True, tag="table"):
         root = store_url.rstrip("/")
         return {f"{root}/{key}": known for key, known in self.described.items()}
 
+    def _write(self, store_url: str) -> dict[str, Any]:
+        """Return what :func:`prepare_append` and :func:`commit_files` write, by their parameters' names."""
+        return {
+            "table": self.table,
+            "mode": self.mode,
+            "dataset": self.dataset,
+            "job": self.job,
+            "paths": self.uris(store_url),
+            "extra_properties": self.summary(),
+            "described": self.described_uris(store_url),
+        }
+
     async def is_done(self, ctx: StepContext) -> bool:
         """Return True when a snapshot of the table carries this job's commit of the dataset.
 
@@ -151,17 +163,7 @@ class CommitToTable(CommitStep, frozen=True, kw_only=True, tag="table"):
         settings, url = ctx.settings, ctx.store.url
 
         def stage() -> PreparedAppend | None:
-            cat = open_catalog(settings, url)
-            return prepare_append(
-                cat,
-                self.table,
-                self.mode,
-                self.dataset,
-                self.job,
-                self.uris(url),
-                self.summary(),
-                self.described_uris(url),
-            )
+            return prepare_append(open_catalog(settings, url), **self._write(url))
 
         return await in_thread(_guarded(stage, f"table {self.table}"), settings.tables.call_timeout)
 
@@ -187,18 +189,7 @@ class CommitToTable(CommitStep, frozen=True, kw_only=True, tag="table"):
         def land() -> bool:
             cat = open_catalog(settings, url)
             ctx.probe("table.commit")
-            landed = commit_files(
-                cat,
-                self.table,
-                self.mode,
-                self.dataset,
-                self.job,
-                self.uris(url),
-                ctx.lease.check,
-                self.summary(),
-                self.described_uris(url),
-                prepared,
-            )
+            landed = commit_files(cat, check=ctx.lease.check, prepared=prepared, **self._write(url))
             ctx.probe("table.committed")
             return landed
 

@@ -57,6 +57,33 @@ from pyiceberg.types import (
     UUIDType,
 )
 
+DATA_FILE_FIELDS = (
+    "content",
+    "file_path",
+    "file_format",
+    "partition",
+    "record_count",
+    "file_size_in_bytes",
+    "column_sizes",
+    "value_counts",
+    "null_value_counts",
+    "nan_value_counts",
+    "lower_bounds",
+    "upper_bounds",
+    "key_metadata",
+    "split_offsets",
+    "equality_ids",
+    "sort_order_id",
+    "spec_id",
+)
+"""A data file's fields as pyiceberg names them (what two data files of the same file must agree on)."""
+
+
+def data_file_fields(df: Any) -> dict[str, Any]:
+    """Return ``df``'s :data:`DATA_FILE_FIELDS` by name (None where it has no such field)."""
+    return {name: getattr(df, name, None) for name in DATA_FILE_FIELDS}
+
+
 WIDE_SCHEMA = Schema(
     NestedField(1, "id", LongType(), required=False),
     NestedField(2, "n", IntegerType(), required=False),

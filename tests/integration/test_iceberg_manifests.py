@@ -48,6 +48,7 @@ from tests._support.manifest_files import (
     SPECS,
     WIDE_SCHEMA,
     FileShape,
+    data_file_fields,
     manifest_file_fields,
     parse_container,
     pyiceberg_manifest,
@@ -61,31 +62,12 @@ SNAP = 8_765_432_101_234
 
 def _entry_fields(e: ManifestEntry) -> dict[str, Any]:
     df = e.data_file
-    names = [
-        "content",
-        "file_path",
-        "file_format",
-        "partition",
-        "record_count",
-        "file_size_in_bytes",
-        "column_sizes",
-        "value_counts",
-        "null_value_counts",
-        "nan_value_counts",
-        "lower_bounds",
-        "upper_bounds",
-        "key_metadata",
-        "split_offsets",
-        "equality_ids",
-        "sort_order_id",
-        "spec_id",
-    ]
     return {
         "status": e.status,
         "snapshot_id": e.snapshot_id,
         "sequence_number": e.sequence_number,
         "file_sequence_number": e.file_sequence_number,
-        **{n: getattr(df, n) for n in names},
+        **data_file_fields(df),
     }
 
 

@@ -37,27 +37,8 @@ from shared.events import (
 from shared.spark import parquet_file_stats
 from tests._support.commit import ManualLease
 from tests._support.emulators import MakeTarget
+from tests._support.manifest_files import data_file_fields
 from tests._support.tables import job_snapshots, stage_parquet_job, table_settings
-
-DATA_FILE_FIELDS = (
-    "content",
-    "file_path",
-    "file_format",
-    "partition",
-    "record_count",
-    "file_size_in_bytes",
-    "column_sizes",
-    "value_counts",
-    "null_value_counts",
-    "nan_value_counts",
-    "lower_bounds",
-    "upper_bounds",
-    "key_metadata",
-    "split_offsets",
-    "equality_ids",
-    "sort_order_id",
-    "spec_id",
-)
 
 LONG = "ü" * (MAX_BOUND_CHARS + 9)
 
@@ -122,7 +103,7 @@ def sql_catalog(tmp: Path) -> Any:
 
 
 def fields_of(df: Any) -> dict[str, Any]:
-    return {name: getattr(df, name, None) for name in DATA_FILE_FIELDS}
+    return data_file_fields(df)
 
 
 @pytest.mark.parametrize(
