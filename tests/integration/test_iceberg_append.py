@@ -10,7 +10,6 @@ the lean append keeps exactly the manifests a fast append keeps.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -21,12 +20,13 @@ from pyiceberg.transforms import IdentityTransform, TruncateTransform
 from pyiceberg.types import LongType, NestedField, StringType
 
 from shared.commit import open_catalog
-from shared.commit._iceberg_append import applies, stage_append
+from shared.commit._iceberg_append import stage_append
 from shared.commit._sql_catalog import SqlTableCatalog
 from shared.commit._table_files import data_files
 from shared.commit._table_io import WriteBatch, local_path
 from shared.settings import StoreSettings
 from tests._support.emulators import StoreTarget
+from tests._support.iceberg_twins import lean_append, overwrite, table_state
 from tests._support.tables import table_settings
 
 SCHEMA = Schema(
@@ -55,100 +55,6 @@ def _file(folder: Path, name: str, region: str | None, amounts: list[int]) -> st
     path = folder / f"{name}.parquet"
     pq.write_table(t, path)
     return path.as_uri()
-
-
-def _norm_entry(e: Any, ids: dict[int, int]) -> tuple[Any, ...]:
-    df = e.data_file
-    return (
-        e.status,
-        ids.get(e.snapshot_id, e.snapshot_id),
-        e.sequence_number,
-        e.file_sequence_number,
-        df.content,
-        df.file_path,
-        df.file_format,
-        tuple(df.partition),
-        df.record_count,
-        df.file_size_in_bytes,
-        df.column_sizes,
-        df.value_counts,
-        df.null_value_counts,
-        df.nan_value_counts,
-        df.lower_bounds,
-        df.upper_bounds,
-        df.split_offsets,
-        df.sort_order_id,
-        df.spec_id,
-    )
-
-
-def _norm_manifest(m: Any, ids: dict[int, int]) -> tuple[Any, ...]:
-    parts = [(p.contains_null, p.contains_nan, p.lower_bound, p.upper_bound) for p in m.partitions or []]
-    return (
-        m.partition_spec_id,
-        m.content,
-        m.sequence_number,
-        m.min_sequence_number,
-        ids.get(m.added_snapshot_id, m.added_snapshot_id),
-        m.added_files_count,
-        m.existing_files_count,
-        m.deleted_files_count,
-        m.added_rows_count,
-        m.existing_rows_count,
-        m.deleted_rows_count,
-        parts,
-    )
-
-
-def _state(tbl: Any, ids: dict[int, int]) -> list[Any]:
-    """Everything of ``tbl``'s history that two equal histories share (ids mapped to a's)."""
-    out: list[Any] = []
-    md = tbl.metadata
-    out.append((md.last_sequence_number, len(md.snapshot_log), len(md.metadata_log), md.format_version))
-    for snap in md.snapshots:
-        summary = dict(snap.summary.additional_properties) if snap.summary else {}
-        out.append(
-            (
-                ids.get(snap.snapshot_id, snap.snapshot_id),
-                ids.get(snap.parent_snapshot_id, snap.parent_snapshot_id),
-                snap.sequence_number,
-                snap.schema_id,
-                snap.summary.operation if snap.summary else None,
-                summary,
-            )
-        )
-        for m in snap.manifests(tbl.io):
-            out.append(_norm_manifest(m, ids))
-            out.append(
-                sorted(_norm_entry(e, ids) for e in m.fetch_manifest_entry(tbl.io, discard_deleted=False))
-            )
-    head = md.current_snapshot()
-    out.append(ids.get(head.snapshot_id, head.snapshot_id) if head is not None else None)
-    return out
-
-
-def _lean_append(
-    cat: SqlTableCatalog, ident: tuple[str, str], paths: list[str], props: dict[str, str]
-) -> None:
-    tbl = cat.load_table(ident)
-    assert applies(tbl.metadata)
-    batch = WriteBatch()
-    try:
-        io = tbl.io.deferring(batch)
-        staged = stage_append(tbl, io, data_files(io, tbl.metadata, paths, {}), props)
-        cat.commit_staged(tbl, staged.requirements, staged.updates, batch)
-    finally:
-        batch.settle()
-
-
-def _overwrite(tbl: Any, paths: list[str], props: dict[str, str]) -> None:
-    files = data_files(tbl.io, tbl.metadata, paths, {})
-    current = [task.file for task in tbl.scan().plan_files()]
-    with tbl.transaction() as txn, txn.update_snapshot(snapshot_properties=props).overwrite() as ow:
-        for f in current:
-            ow.delete_data_file(f)
-        for df in files:
-            ow.append_data_file(df)
 
 
 @pytest.mark.parametrize("spec", sorted(SPECS))
@@ -180,18 +86,18 @@ def test_the_lean_append_writes_what_pyiceberg_writes(tmp_path: Path, spec: str)
         props = {"commitfleet.job": f"job-{r}", "commitfleet.dataset": "orders"}
         ta, tb = cat.load_table(a), cat.load_table(b)
         if kind == "overwrite":
-            _overwrite(ta, paths, props)
-            _overwrite(tb, paths, props)
+            overwrite(ta, paths, props)
+            overwrite(tb, paths, props)
         elif r == 0:
             # The first append records the name mapping: pyiceberg's path on both.
             ta.add_files(paths, snapshot_properties=props)
             tb.add_files(paths, snapshot_properties=props)
         else:
             ta.add_files(paths, snapshot_properties=props)
-            _lean_append(cat, b, paths, props)
+            lean_append(cat, b, paths, props)
         ta, tb = cat.load_table(a), cat.load_table(b)
         ids[tb.metadata.snapshots[-1].snapshot_id] = ta.metadata.snapshots[-1].snapshot_id
-        assert _state(tb, ids) == _state(ta, {}), (spec, r, kind)
+        assert table_state(tb, ids) == table_state(ta, {}), (spec, r, kind)
         got = tb.scan().to_arrow().sort_by("id")
         assert got.equals(ta.scan().to_arrow().sort_by("id")), (spec, r)
     # The last overwrite (round 7) and the append after it: those files' rows only.
@@ -244,7 +150,7 @@ def test_old_metadata_files_are_deleted_after_commit_as_pyiceberg_deletes_them(t
         if r == 0:
             cat.load_table(b).add_files(paths)
         else:
-            _lean_append(cat, b, paths, {})
+            lean_append(cat, b, paths, {})
 
     def metadata_files(name: str) -> list[Path]:
         return sorted((tmp_path / "store").rglob(f"{name}/metadata/*.metadata.json"))
