@@ -60,7 +60,10 @@ def applies(metadata: TableMetadata) -> bool:
     ):
         return False
     ref = metadata.refs.get(MAIN_BRANCH)
-    return ref is None or ref.snapshot_ref_type.value == "branch"
+    if ref is None:
+        return True
+    # A tag named main, or a main whose snapshot is missing: pyiceberg's to refuse, with its reason.
+    return ref.snapshot_ref_type.value == "branch" and metadata.snapshot_by_id(ref.snapshot_id) is not None
 
 
 class StagedAppend:

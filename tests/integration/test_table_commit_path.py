@@ -33,6 +33,7 @@ from shared.commit import (
     load_table,
     open_catalog,
 )
+from shared.commit._catalog_ops import commit_files, prepare_append
 from shared.commit._table_io import local_path
 from shared.events import TableBinding, published_key, staged_key
 from shared.settings import Settings, StoreSettings
@@ -207,3 +208,34 @@ async def test_every_file_a_local_table_points_at_is_fsynced_with_its_folders(
     folder = os.path.dirname(next(iter(p for p in paths if p)))
     for above in (folder, os.path.dirname(folder), os.path.dirname(os.path.dirname(folder))):
         assert above in synced, above
+
+
+async def test_a_prepared_append_after_another_writers_commit_lands_once_on_top_of_it(
+    table: tuple[ObjectStore, Settings, ParquetJob],
+) -> None:
+    store, settings, first = table
+    job = await _published(store, "orders", "job-1")
+    step = job.step(TableBinding(table=TABLE, mode="append"))
+    cat = open_catalog(settings, store.url)
+    uris = step.uris(store.url)
+    prepared = await asyncio.to_thread(prepare_append, cat, TABLE, "append", "orders", "job-1", uris)
+    assert prepared is not None
+    staged_location = prepared.commit.location
+    # Another writer (pyiceberg's own SQL catalog) appends between the preparation and its turn.
+    props = {k: v for k, v in catalog_properties(settings, store.url).items() if k != "py-io-impl"}
+    SqlCatalog(settings.tables.name, **props).load_table(TABLE).append(rows("other", 0, 2))
+
+    def land() -> bool:
+        return commit_files(cat, TABLE, "append", "orders", "job-1", uris, lambda: None, prepared=prepared)
+
+    assert await asyncio.to_thread(land) is True
+    assert [s for s in job_snapshots(settings, store.url, TABLE) if s[1]] == [
+        ("orders", "job-0"),
+        ("orders", "job-1"),
+    ]
+    assert len(job_snapshots(settings, store.url, TABLE)) == 3
+    assert table_rows(settings, store.url, TABLE) == sorted_rows(first.rows, rows("other", 0, 2), job.rows)
+    assert _location(settings, store.url) != staged_location  # the prepared file stays an orphan
+    # Landed: a second prepared commit of the same job finds it and adds nothing.
+    again = await asyncio.to_thread(prepare_append, cat, TABLE, "append", "orders", "job-1", uris)
+    assert again is None
