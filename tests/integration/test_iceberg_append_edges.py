@@ -597,6 +597,7 @@ def _inspected(tbl: Table, ids: Mapping[int, int]) -> tuple[Any, ...]:
     return snaps, manifests, entries
 
 
+@pytest.mark.stress  # 6 s: make stress
 def test_two_hundred_appends_read_back_alike(tmp_path: Path) -> None:
     t = Twins(tmp_path, spec=BY_REGION)
     regions = ["eu", "us", "ap", None]
