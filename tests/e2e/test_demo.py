@@ -113,6 +113,7 @@ def test_demo_passes_and_leaves_no_process_behind(tmp_path: Path) -> None:
     assert [p.name for p in (root / "clicks" / "_delta_log").iterdir()] == [f"{0:020d}.json"]
 
 
+@pytest.mark.streaming  # 22 s: make streaming (the batch demo above stays in the default run)
 @pytest.mark.skipif(sys.platform != "linux", reason="finds the demo's processes through /proc")
 @pytest.mark.timeout(DEMO_DEADLINE + 60)
 def test_streaming_demo_survives_a_driver_kill_and_leaves_no_process_behind(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from tests._support.streaming_bench import PHASES, Options, parse, run
 
 
 @pytest.mark.spark
+@pytest.mark.bench  # 13 s of Spark: pytest -m bench
 def test_the_streaming_bench_runs_end_to_end(redis_url: str) -> None:
     opts = Options(
         batches=2,
