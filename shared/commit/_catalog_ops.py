@@ -298,9 +298,7 @@ def commit_files(
         else:
             # ``create`` on a table that exists appends, as ``append`` does.
             if mode != "overwrite" and iceberg_append.applies(tbl.metadata):
-                io = _deferring(tbl, batch)
-                files = data_files(io, tbl.metadata, paths, described or {})
-                staged = iceberg_append.stage_append(tbl, io, files, props)
+                staged = _stage_lean(tbl, batch, paths, props, described)
                 check()
                 _commit_staged(cat, tbl, staged, batch)
                 return True
@@ -380,9 +378,7 @@ def prepare_append(
     props = {**(extra_properties or {}), JOB_PROPERTY: job, DATASET_PROPERTY: dataset}
     batch = WriteBatch()
     try:
-        io = _deferring(tbl, batch)
-        files = data_files(io, tbl.metadata, paths, described or {})
-        staged = iceberg_append.stage_append(tbl, io, files, props)
+        staged = _stage_lean(tbl, batch, paths, props, described)
         commit = cat.stage_commit(tbl, staged.requirements, staged.updates, batch)
         batch.wait()
     except ValueError:
@@ -392,11 +388,23 @@ def prepare_append(
     return PreparedAppend(tbl, commit)
 
 
-def _deferring(tbl: Table, batch: WriteBatch) -> Any:
-    """Return ``tbl``'s file IO writing manifests in the background into ``batch`` (if the step's own)."""
+def _stage_lean(
+    tbl: Table,
+    batch: WriteBatch,
+    paths: Sequence[str],
+    props: dict[str, str],
+    described: Mapping[str, DescribedFile] | None,
+) -> StagedAppend:
+    """Stage the lean append of ``paths`` to ``tbl``, its manifests uploading into ``batch``.
+
+    Raises: as :func:`._iceberg_append.stage_append` and :func:`data_files`.
+    """
     from ._table_io import TableFileIO
 
-    return tbl.io.deferring(batch) if isinstance(tbl.io, TableFileIO) else tbl.io
+    # The step's own file IO writes the manifests in the background (the caller waits for ``batch``).
+    io = tbl.io.deferring(batch) if isinstance(tbl.io, TableFileIO) else tbl.io
+    files = data_files(io, tbl.metadata, paths, described or {})
+    return iceberg_append.stage_append(tbl, io, files, props)
 
 
 def _commit_staged(cat: Catalog, tbl: Table, staged: StagedAppend, batch: WriteBatch) -> None:

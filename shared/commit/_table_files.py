@@ -111,6 +111,8 @@ def data_file_from_stats(metadata: TableMetadata, uri: str, size: int, stats: Fi
 
 
 _VIEWS_KEPT = 64
+_SCHEMAS_KEPT = 64
+"""File schemas checked against one table's, kept by its view (a table's jobs share a few)."""
 _views: OrderedDict[tuple[Any, ...], _TableView] = OrderedDict()
 _views_lock = threading.Lock()
 
@@ -188,7 +190,7 @@ class _TableView:
         _check_schema_compatible(self.schema, Schema(*fields))
         with self._lock:
             self._checked[key] = fields
-            while len(self._checked) > _VIEWS_KEPT:
+            while len(self._checked) > _SCHEMAS_KEPT:
                 self._checked.popitem(last=False)
         return fields
 
