@@ -38,8 +38,6 @@ from __future__ import annotations
 
 import io
 import json
-import threading
-from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from operator import attrgetter
@@ -70,6 +68,7 @@ from pyiceberg.utils.schema_conversion import AvroSchemaConversion
 from ._avro_codecs import codec
 from ._avro_reader import compile_scanner, iter_blocks, read_header, split_records
 from ._avro_writer import AvroContainerWriter
+from ._sized_cache import SizedCache
 
 SUPPORTED_FORMAT_VERSIONS: Final = (1, 2)
 _ADDED: Final = int(ManifestEntryStatus.ADDED)
@@ -320,44 +319,16 @@ MAX_LISTED_BYTES: Final = 32 * 1024 * 1024
 MAX_LISTED_LIST_BYTES: Final = 8 * 1024 * 1024
 
 
-class _Listed:
-    """The records of the manifest lists this process wrote, by location; least recently used first out.
+_LISTED: SizedCache[tuple[str, bytes, int]] = SizedCache(MAX_LISTED_BYTES, MAX_LISTED_LIST_BYTES)
+"""The records of the manifest lists this process wrote, by location: (schema, records, count).
 
-    Every record of a list written here is one the next fast append keeps
-    (a manifest with added or existing files: :func:`_kept`; a manifest's
-    counts never change), so the next list of the same table is the new
-    manifests' records followed by these bytes as they are: no read, no walk
-    of the previous list. A manifest list is never changed once written (the
-    Iceberg spec), so its records by location stay right. Thread-safe.
-    """
-
-    def __init__(self) -> None:
-        self._by_location: OrderedDict[str, tuple[str, bytes, int]] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-
-    def get(self, location: str, schema_json: str) -> tuple[bytes, int] | None:
-        """Return the records of the list at ``location`` and their count, if written in ``schema_json``."""
-        with self._lock:
-            found = self._by_location.get(location)
-            if found is None or found[0] != schema_json:
-                return None
-            self._by_location.move_to_end(location)
-            return found[1], found[2]
-
-    def put(self, location: str, schema_json: str, records: bytes, count: int) -> None:
-        if len(records) > MAX_LISTED_LIST_BYTES:
-            return
-        with self._lock:
-            old = self._by_location.pop(location, None)
-            self._bytes += len(records) - (len(old[1]) if old is not None else 0)
-            self._by_location[location] = (schema_json, records, count)
-            while self._bytes > MAX_LISTED_BYTES:
-                _, (_, dropped, _) = self._by_location.popitem(last=False)
-                self._bytes -= len(dropped)
-
-
-_LISTED = _Listed()
+Every record of a list written here is one the next fast append keeps
+(a manifest with added or existing files: :func:`_kept`; a manifest's
+counts never change), so the next list of the same table is the new
+manifests' records followed by these bytes as they are: no read, no walk
+of the previous list. A manifest list is never changed once written (the
+Iceberg spec), so its records by location stay right.
+"""
 
 
 def _read_previous(previous: str | bytes, io_: FileIO) -> tuple[str, bytes]:
@@ -457,11 +428,13 @@ def write_manifest_list(
         return chunks, writer
 
     chunks, writer = start()
-    # A list this process wrote: its records, all kept again by an append (see _Listed), as encoded.
-    listed = _LISTED.get(previous, schema_json) if isinstance(previous, str) else None
+    # A list this process wrote: its records, all kept again by an append (see _LISTED), as encoded.
+    listed = _LISTED.get(previous) if isinstance(previous, str) else None
+    if listed is not None and listed[0] != schema_json:
+        listed = None
     copied = listed is not None
     if listed is not None:
-        writer.append_encoded(*listed)
+        writer.append_encoded(listed[1], listed[2])
     elif previous is not None:
         location, data = _read_previous(previous, io)
         copied = _copy_previous(writer, data, schema_json, format_version == 2, snapshot_id)
@@ -475,5 +448,6 @@ def write_manifest_list(
     if writer.tap is not None and all(
         _kept(None, m.added_files_count, m.existing_files_count, 0) for m in new_manifests
     ):
-        _LISTED.put(output_file.location, schema_json, bytes(writer.tap), writer.records)
+        records = bytes(writer.tap)
+        _LISTED.put(output_file.location, (schema_json, records, writer.records), len(records))
     return ManifestListWritten(length=length, manifests=writer.records, copied=copied)

@@ -32,7 +32,6 @@ metadata file never changes once written, so:
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Final
@@ -48,6 +47,7 @@ from pyiceberg.table.update import update_table_metadata
 from pyiceberg.typedef import Identifier
 from sqlalchemy import bindparam, select, update
 
+from ._sized_cache import SizedCache
 from ._table_io import TableFileIO, WriteBatch, kept_size
 
 MAX_PARSED_BYTES: Final = 32 * 1024 * 1024
@@ -80,36 +80,14 @@ def shared_metadata(metadata: TableMetadata) -> TableMetadata:
     return _SharedMetadataV2.model_construct(_fields_set=metadata.model_fields_set, **dict(metadata))
 
 
-class _Parsed:
-    """Parsed table metadata by metadata location, least recently used first out. Thread-safe."""
-
-    def __init__(self) -> None:
-        self._by_location: OrderedDict[str, tuple[TableMetadata, int]] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-
-    def get(self, location: str) -> TableMetadata | None:
-        with self._lock:
-            found = self._by_location.get(location)
-            if found is None:
-                return None
-            self._by_location.move_to_end(location)
-            return found[0]
-
-    def put(self, location: str, metadata: TableMetadata) -> None:
-        size = kept_size(location)
-        if size is None:
-            return  # a file too big to keep (or not read through the file IO): parsed every time
-        with self._lock:
-            old = self._by_location.pop(location, None)
-            self._bytes += size - (old[1] if old is not None else 0)
-            self._by_location[location] = (metadata, size)
-            while self._bytes > MAX_PARSED_BYTES:
-                _, (_, dropped) = self._by_location.popitem(last=False)
-                self._bytes -= dropped
+_PARSED: SizedCache[TableMetadata] = SizedCache(MAX_PARSED_BYTES)
+"""Parsed metadata by metadata location, sized by the file it was parsed from."""
 
 
-_PARSED = _Parsed()
+def _keep_parsed(location: str, metadata: TableMetadata) -> None:
+    size = kept_size(location)
+    if size is not None:  # else a file too big to keep (or not read through the file IO): parsed every time
+        _PARSED.put(location, metadata, size)
 
 
 class StagedCommit:
@@ -242,7 +220,7 @@ class SqlTableCatalog(SqlCatalog):
         with self.engine.begin() as conn:
             if conn.execute(self._statements().update, params).rowcount < 1:
                 raise CommitFailedException(f"Table has been updated by another process: {'.'.join(ident)}")
-        _PARSED.put(staged.location, shared_metadata(staged.metadata))
+        _keep_parsed(staged.location, shared_metadata(staged.metadata))
         # As pyiceberg's table does after its commit: with write.metadata.delete-after-commit.enabled, the
         # metadata files that left the log go (its delete_files logs a file it could not delete).
         self._delete_old_metadata(table.io, table.metadata, staged.metadata)
@@ -270,7 +248,7 @@ class SqlTableCatalog(SqlCatalog):
         if metadata is None:
             table = super()._convert_orm_to_iceberg(orm_table)
             table.metadata = shared_metadata(table.metadata)
-            _PARSED.put(table.metadata_location, table.metadata)
+            _keep_parsed(table.metadata_location, table.metadata)
             return table
         return Table(
             identifier=(*Catalog.identifier_to_tuple(orm_table.table_namespace), orm_table.table_name),
@@ -291,7 +269,7 @@ class SqlTableCatalog(SqlCatalog):
     def commit_table(self, table: Table, requirements: Any, updates: Any) -> CommitTableResponse:
         """Commit as pyiceberg does, and keep the metadata written under its location. Raises as pyiceberg."""
         response = super().commit_table(table, requirements, updates)
-        _PARSED.put(response.metadata_location, response.metadata)
+        _keep_parsed(response.metadata_location, response.metadata)
         return response
 
 

@@ -41,7 +41,6 @@ import io
 import os
 import re
 import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_all
@@ -52,6 +51,7 @@ from pyiceberg.io import FileIO, InputFile, InputStream, OutputFile, OutputStrea
 from pyiceberg.typedef import EMPTY_DICT, Properties
 
 from ._iceberg_props import INNER_IO_IMPL, PY_IO_IMPL
+from ._sized_cache import SizedCache
 
 MAX_FILE_BYTES: Final = 8 * 1024 * 1024
 MAX_CACHE_BYTES: Final = 64 * 1024 * 1024
@@ -61,40 +61,8 @@ _FRESH_NAME: Final = re.compile(
 )
 
 
-class _Kept:
-    """The process's bytes of metadata files by location, least recently used first out. Thread-safe."""
-
-    def __init__(self) -> None:
-        self._files: OrderedDict[str, bytes] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-
-    def get(self, location: str) -> bytes | None:
-        with self._lock:
-            data = self._files.get(location)
-            if data is not None:
-                self._files.move_to_end(location)
-            return data
-
-    def put(self, location: str, data: bytes) -> None:
-        if len(data) > MAX_FILE_BYTES:
-            return
-        with self._lock:
-            old = self._files.pop(location, None)
-            self._bytes += len(data) - (len(old) if old is not None else 0)
-            self._files[location] = data
-            while self._bytes > MAX_CACHE_BYTES:
-                _, dropped = self._files.popitem(last=False)
-                self._bytes -= len(dropped)
-
-    def forget(self, location: str) -> None:
-        with self._lock:
-            old = self._files.pop(location, None)
-            if old is not None:
-                self._bytes -= len(old)
-
-
-_KEPT = _Kept()
+_KEPT: SizedCache[bytes] = SizedCache(MAX_CACHE_BYTES, MAX_FILE_BYTES)
+"""The process's bytes of metadata files by location."""
 
 
 def kept_size(location: str) -> int | None:
@@ -166,19 +134,15 @@ def make_durable(path: str) -> None:
 
     Raises: OSError (the write's failure: the commit fails and is retried).
     """
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    _fsync(path)
     folder = os.path.dirname(path)
-    _fsync_folder(folder)
+    _fsync(folder, os.O_DIRECTORY)
     if folder not in _DURABLE_FOLDERS:
         # The names of the folders above, once per process and folder (the file IO made them with the
         # table, without fsync): each is in the folder above it.
         above = os.path.dirname(folder)
         while above and above != os.path.dirname(above):
-            _fsync_folder(above)
+            _fsync(above, os.O_DIRECTORY)
             above = os.path.dirname(above)
         _DURABLE_FOLDERS.add(folder)
 
@@ -187,8 +151,8 @@ _DURABLE_FOLDERS: set[str] = set()
 """Metadata folders whose own names this process has made durable (one per table: bounded by tables)."""
 
 
-def _fsync_folder(folder: str) -> None:
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+def _fsync(path: str, flags: int = 0) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | flags)
     try:
         os.fsync(fd)
     finally:
@@ -211,7 +175,7 @@ class _KeptInput(InputFile):
         if data is None:
             with self._inner.open() as stream:
                 data = bytes(stream.read())
-            _KEPT.put(self.location, data)
+            _KEPT.put(self.location, data, len(data))
         return data
 
     def __len__(self) -> int:
@@ -251,9 +215,9 @@ class _KeepOnClose(io.BytesIO):
         if self._batch is None or len(data) > MAX_FILE_BYTES:
             # Not deferred (a file too big to keep would be asked from the store before it is there).
             self._upload(data)
-            _KEPT.put(location, data)
+            _KEPT.put(location, data, len(data))
             return
-        _KEPT.put(location, data)  # pyiceberg asks the manifest's size right away
+        _KEPT.put(location, data, len(data))  # pyiceberg asks the manifest's size right away
 
         def upload() -> None:
             try:
